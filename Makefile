@@ -1,0 +1,63 @@
+# attnforge — the two README commands:
+#   make prebuild   get NVRTC if missing, build the CLI, prebuild the default matrix (sm80, sm90a)
+#   make test       fmt, clippy, unit + snapshot tests, the compile sweep, the cache fault tests
+# GPU work (on the H200 machine; build the binaries here first with `make gpu-bundle`):
+#   make gpu-test   correctness suite + compute-sanitizer memcheck
+#   make gpu-bench  our kernels and the peers in one run
+SHELL := /bin/bash
+NVRTC_DIR := $(CURDIR)/.nvrtc
+NVRTC_LIB := $(NVRTC_DIR)/nvidia/cu13/lib/libnvrtc.so.13
+ARCH ?= sm80,sm90a
+CARGO ?= cargo
+
+.PHONY: all nvrtc build prebuild test sweep gpu-bundle gpu-test gpu-bench clean
+
+all: prebuild
+
+# NVRTC from PyPI into a project-local folder (skipped when ATTNFORGE_NVRTC is set).
+nvrtc:
+ifeq ($(origin ATTNFORGE_NVRTC), environment)
+	@echo "nvrtc: using ATTNFORGE_NVRTC=$(ATTNFORGE_NVRTC)"
+else
+	@scripts/get-nvrtc.sh $(NVRTC_DIR) >/dev/null
+endif
+
+ifneq ($(origin ATTNFORGE_NVRTC), environment)
+export ATTNFORGE_NVRTC := $(NVRTC_LIB)
+endif
+
+build:
+	$(CARGO) build --release -p attnforge-cli
+
+prebuild: nvrtc build
+	target/release/attnforge prebuild --arch $(ARCH)
+	@echo "kernels cached in $$(target/release/attnforge cache path); export ATTNFORGE_NVRTC=$(ATTNFORGE_NVRTC) for JIT use"
+
+test: nvrtc
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	ATTNFORGE_REQUIRE_NVRTC=1 $(CARGO) test --workspace
+
+# The coverage sweep alone (fresh temporary cache; rewrites docs/coverage.md).
+sweep: nvrtc
+	ATTNFORGE_REQUIRE_NVRTC=1 $(CARGO) test --release -p attnforge-codegen-tests --test sweep -- --nocapture
+
+# Build the GPU test and bench binaries here; they travel in .gpu/ to the GPU machine.
+gpu-bundle:
+	mkdir -p .gpu
+	$(CARGO) build --release --example gpu_bench
+	cp target/release/examples/gpu_bench .gpu/gpu_bench
+	f=$$($(CARGO) test --release --test gpu_fwd --no-run --message-format=json 2>/dev/null \
+	   | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"]=="gpu_fwd"]'); \
+	cp "$$f" .gpu/gpu_fwd
+	@ls -la .gpu
+
+gpu-test:
+	scripts/gpu-test.sh --sanitize
+
+gpu-bench:
+	scripts/gpu-bench.sh
+
+clean:
+	$(CARGO) clean
+	rm -rf .gpu gpu-results

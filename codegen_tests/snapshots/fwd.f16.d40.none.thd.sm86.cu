@@ -1,0 +1,364 @@
+// attnforge generated kernel: fwd.f16.d40.none.thd.sm86
+// template fwd_sm80.cu — FlashAttention-2-style forward on the sm80 instruction
+// path (mma.sync m16n8k16, ldmatrix, cp.async). Plan: block_m=128
+// block_n=64 warps=4 m_tiles/warp=2.
+// Do not edit: rendered by attnforge from templates/fwd_sm80.cu.
+
+constexpr int BLOCK_M = 128;
+constexpr int BLOCK_N = 64;
+constexpr int NUM_WARPS = 4;
+constexpr int THREADS = NUM_WARPS * 32;
+constexpr int M_TILES = 2;               // 16-row MMA tiles per warp
+constexpr int D_QK = 40;                     // real head dims
+constexpr int D_V = 40;
+constexpr int DQK = 48;                  // padded to the k-step (16)
+constexpr int DV = 48;
+constexpr int PITCH_QK = 56;             // shared-memory row pitch, elements
+constexpr int PITCH_V = 56;
+constexpr int MASK_KIND = 0;
+constexpr bool IS_THD = true;
+constexpr bool SOFTCAP = false;
+
+// ---- common/ptx.cuh: header-free device helpers (inline PTX) -----------------
+// Kernels are compiled by NVRTC with no include path: no cuda_fp16.h or
+// cuda_bf16.h. Elements travel as raw 16-bit patterns; conversions and
+// tensor-core operations go through the PTX below.
+
+typedef unsigned short elem_t;      // one f16/bf16 element, raw bits
+typedef unsigned int elem2_t;       // two packed elements, low half = lower index
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+// 16-byte async copy global -> shared; src_bytes = 0 zero-fills the destination
+// without reading global memory.
+__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// D = A(16x16, row) * B(16x8, col) + D, f32 accumulation.
+__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Round two floats to the element type (nearest even) and pack them.
+__device__ __forceinline__ elem2_t pack2(float lo, float hi) {
+    elem2_t r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float fast_log2(float x) {
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float fast_tanh(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+    return x;
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    return x;
+}
+
+#define NEG_INF (__int_as_float(0xff800000))
+
+// ---- common/mask.cuh: which keys a query row sees ------------------------------
+// MASK_KIND: 0 none, 1 causal top-left, 2 causal bottom-right, 3 sliding window
+// (left, right around the bottom-right diagonal; -1 = unbounded).
+// Row i sees keys j with key_lo(i) <= j <= key_hi(i), clipped to [0, seqlen_k).
+
+struct RowWindow {
+    int seqlen_q, seqlen_k, left, right;
+
+    __device__ __forceinline__ int key_lo(int i) const {
+        if (MASK_KIND == 3 && left >= 0) return max(0, i + seqlen_k - seqlen_q - left);
+        return 0;
+    }
+    __device__ __forceinline__ int key_hi(int i) const {
+        int hi = seqlen_k - 1;
+        if (MASK_KIND == 1) hi = min(hi, i);
+        if (MASK_KIND == 2) hi = min(hi, i + seqlen_k - seqlen_q);
+        if (MASK_KIND == 3 && right >= 0) hi = min(hi, i + seqlen_k - seqlen_q + right);
+        return hi;
+    }
+};
+
+
+// Launch parameters; the layout matches `attnforge::launch::FwdParams` (repr C).
+struct FwdParams {
+    const elem_t* q; const elem_t* k; const elem_t* v; elem_t* o; float* lse;
+    const int* cu_seqlens_q; const int* cu_seqlens_k;    // THD only
+    long long q_sb, q_ss, q_sh;                          // strides in elements
+    long long k_sb, k_ss, k_sh;
+    long long v_sb, v_ss, v_sh;
+    long long o_sb, o_ss, o_sh;
+    long long lse_sb, lse_sh;                            // lse[b*sb + h*sh + row]
+    int batch, heads_q, heads_kv, gqa_ratio;
+    int seqlen_q, seqlen_k;                              // dense: lengths; THD: maxima
+    int window_left, window_right;
+    float scale_log2;                                    // softmax scale * log2(e)
+    float softcap_pre;                                   // scale / cap
+    float softcap_post;                                  // cap * log2(e)
+    int num_m_blocks;
+};
+
+// Copy `rows` x D tile rows from global (row pitch `stride`) into shared memory
+// (pitch PITCH), zero-filling rows >= valid_rows and columns >= d_real.
+template <int ROWS, int DPAD, int PITCH>
+__device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, long long stride,
+                                          int valid_rows, int d_real, int tid) {
+    constexpr int CHUNKS = DPAD / 8;                     // 16-byte chunks per row
+    const unsigned s0 = smem_addr(smem);
+#pragma unroll
+    for (int idx = tid; idx < ROWS * CHUNKS; idx += THREADS) {
+        const int r = idx / CHUNKS, c = idx % CHUNKS;
+        const bool ok = r < valid_rows && c * 8 < d_real;
+        const elem_t* src = ok ? gbase + r * stride + c * 8 : gbase;
+        cp_async_16(s0 + (r * PITCH + c * 8) * 2, src, ok ? 16 : 0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+attnforge_fwd_f16_d40_none_thd_sm86(const FwdParams p) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    elem_t* sQ = reinterpret_cast<elem_t*>(smem_raw);
+    elem_t* sK = sQ + BLOCK_M * PITCH_QK;                // [2][BLOCK_N][PITCH_QK]
+    elem_t* sV = sK + 2 * BLOCK_N * PITCH_QK;            // [2][BLOCK_N][PITCH_V]
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int bh = blockIdx.x;
+    const int b = bh / p.heads_q, h = bh % p.heads_q;
+    const int hk = h / p.gqa_ratio;
+    const int m_block = gridDim.y - 1 - blockIdx.y;      // longest causal tiles first
+
+    int sq = p.seqlen_q, sk = p.seqlen_k, q_off = 0, k_off = 0;
+    if constexpr (IS_THD) {
+        q_off = p.cu_seqlens_q[b];
+        k_off = p.cu_seqlens_k[b];
+        sq = p.cu_seqlens_q[b + 1] - q_off;
+        sk = p.cu_seqlens_k[b + 1] - k_off;
+    }
+    const int m0 = m_block * BLOCK_M;
+    if (m0 >= sq) return;                                // whole block uniform
+
+    const elem_t* gQ = p.q + b * p.q_sb + (q_off + (long long)m0) * p.q_ss + h * p.q_sh;
+    const elem_t* gK = p.k + b * p.k_sb + (long long)k_off * p.k_ss + hk * p.k_sh;
+    const elem_t* gV = p.v + b * p.v_sb + (long long)k_off * p.v_ss + hk * p.v_sh;
+
+    const RowWindow win{sq, sk, p.window_left, p.window_right};
+    const int last_row = min(m0 + BLOCK_M, sq) - 1;
+    const int n_begin = (win.key_lo(m0) / BLOCK_N) * BLOCK_N;
+    const int n_end = min(sk, win.key_hi(last_row) + 1);
+    const int n_tiles = n_end > n_begin ? (n_end - n_begin + BLOCK_N - 1) / BLOCK_N : 0;
+
+    // Per-thread state. Thread (g = lane/4, t = lane%4) owns rows g and g+8 of
+    // each of its warp's 16-row tiles, and columns 2t, 2t+1 of each 8-wide n-tile.
+    float acc_o[M_TILES][DV / 8][4];
+    float row_max[M_TILES][2], row_sum[M_TILES][2];
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt) {
+#pragma unroll
+        for (int j = 0; j < DV / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[mt][j][e] = 0.f;
+        row_max[mt][0] = row_max[mt][1] = NEG_INF;
+        row_sum[mt][0] = row_sum[mt][1] = 0.f;
+    }
+
+    const int warp_row0 = warp * 16 * M_TILES;
+    const int g = lane / 4, t = lane % 4;
+
+    if (n_tiles > 0) {
+        load_tile<BLOCK_M, DQK, PITCH_QK>(sQ, gQ, p.q_ss, sq - m0, D_QK, tid);
+        load_tile<BLOCK_N, DQK, PITCH_QK>(sK, gK + n_begin * p.k_ss, p.k_ss, sk - n_begin, D_QK, tid);
+        load_tile<BLOCK_N, DV, PITCH_V>(sV, gV + n_begin * p.v_ss, p.v_ss, sk - n_begin, D_V, tid);
+        cp_async_commit();
+    }
+
+    for (int it = 0; it < n_tiles; ++it) {
+        const int n0 = n_begin + it * BLOCK_N;
+        const int buf = it & 1;
+        if (it + 1 < n_tiles) {                          // prefetch the next K/V tile
+            const int n1 = n0 + BLOCK_N;
+            load_tile<BLOCK_N, DQK, PITCH_QK>(sK + (buf ^ 1) * BLOCK_N * PITCH_QK, gK + n1 * p.k_ss, p.k_ss, sk - n1, D_QK, tid);
+            load_tile<BLOCK_N, DV, PITCH_V>(sV + (buf ^ 1) * BLOCK_N * PITCH_V, gV + n1 * p.v_ss, p.v_ss, sk - n1, D_V, tid);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+
+        const unsigned sQa = smem_addr(sQ);
+        const unsigned sKa = smem_addr(sK + buf * BLOCK_N * PITCH_QK);
+        const unsigned sVa = smem_addr(sV + buf * BLOCK_N * PITCH_V);
+
+        // S = Q K^T for this warp's rows.
+        float acc_s[M_TILES][BLOCK_N / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+            for (int j = 0; j < BLOCK_N / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_s[mt][j][e] = 0.f;
+
+#pragma unroll
+        for (int ks = 0; ks < DQK / 16; ++ks) {
+            unsigned a[M_TILES][4];
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt) {
+                const int row = warp_row0 + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                const int col = ks * 16 + (lane >> 4) * 8;
+                ldmatrix_x4(a[mt], sQa + (row * PITCH_QK + col) * 2);
+            }
+#pragma unroll
+            for (int np = 0; np < BLOCK_N / 16; ++np) {
+                unsigned bk[4];
+                const int key = np * 16 + (lane & 7) + (lane >> 4) * 8;
+                const int col = ks * 16 + ((lane >> 3) & 1) * 8;
+                ldmatrix_x4(bk, sKa + (key * PITCH_QK + col) * 2);
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; ++mt) {
+                    mma_16816(acc_s[mt][2 * np], a[mt], bk[0], bk[1]);
+                    mma_16816(acc_s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+                }
+            }
+        }
+
+        // Scale (and softcap) into the log2 domain, mask, online softmax.
+        const bool edge = (n0 + BLOCK_N > sk) || (MASK_KIND != 0 &&
+            (win.key_lo(last_row) > n0 || win.key_hi(m0) < n0 + BLOCK_N - 1));
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int i = m0 + warp_row0 + mt * 16 + g + 8 * r;
+                const int lo = win.key_lo(i), hi = win.key_hi(i);
+                float tile_max = NEG_INF;
+#pragma unroll
+                for (int j = 0; j < BLOCK_N / 8; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        float s = acc_s[mt][j][2 * r + e];
+                        if constexpr (SOFTCAP) s = p.softcap_post * fast_tanh(s * p.softcap_pre);
+                        else s *= p.scale_log2;
+                        if (edge) {
+                            const int key = n0 + j * 8 + 2 * t + e;
+                            if (key < lo || key > hi) s = NEG_INF;
+                        }
+                        acc_s[mt][j][2 * r + e] = s;
+                        tile_max = fmaxf(tile_max, s);
+                    }
+                }
+                tile_max = quad_max(tile_max);
+                const float m_new = fmaxf(row_max[mt][r], tile_max);
+                const float m_use = m_new == NEG_INF ? 0.f : m_new;
+                const float alpha = fast_exp2(row_max[mt][r] - m_use);
+                row_max[mt][r] = m_new;
+                float sum = 0.f;
+#pragma unroll
+                for (int j = 0; j < BLOCK_N / 8; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float pv = fast_exp2(acc_s[mt][j][2 * r + e] - m_use);
+                        acc_s[mt][j][2 * r + e] = pv;
+                        sum += pv;
+                    }
+                }
+                row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+#pragma unroll
+                for (int j = 0; j < DV / 8; ++j) {
+                    acc_o[mt][j][2 * r] *= alpha;
+                    acc_o[mt][j][2 * r + 1] *= alpha;
+                }
+            }
+        }
+
+        // O += P V. The S accumulator layout of two n-tiles is the A-operand
+        // layout of one k-step, so P never leaves registers.
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+            unsigned pa[M_TILES][4];
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt) {
+                pa[mt][0] = pack2(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+                pa[mt][1] = pack2(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+                pa[mt][2] = pack2(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+                pa[mt][3] = pack2(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int np = 0; np < DV / 16; ++np) {
+                unsigned bv[4];
+                const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                const int col = np * 16 + (lane >> 4) * 8;
+                ldmatrix_x4_trans(bv, sVa + (key * PITCH_V + col) * 2);
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; ++mt) {
+                    mma_16816(acc_o[mt][2 * np], pa[mt], bv[0], bv[1]);
+                    mma_16816(acc_o[mt][2 * np + 1], pa[mt], bv[2], bv[3]);
+                }
+            }
+        }
+        __syncthreads();                                 // buffer `buf` is refilled next iteration
+    }
+
+    // Epilogue: normalize, write O (elements) and LSE (f32, natural log).
+    elem_t* gO = p.o + b * p.o_sb + (long long)q_off * p.o_ss + h * p.o_sh;
+    float* gL = p.lse + b * p.lse_sb + h * p.lse_sh + q_off;
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int i = m0 + warp_row0 + mt * 16 + g + 8 * r;
+            const float l = quad_sum(row_sum[mt][r]);
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            if (i < sq) {
+#pragma unroll
+                for (int j = 0; j < DV / 8; ++j) {
+                    const int col = j * 8 + 2 * t;
+                    if (col < D_V) {
+                        *reinterpret_cast<elem2_t*>(gO + i * p.o_ss + col) =
+                            pack2(acc_o[mt][j][2 * r] * inv, acc_o[mt][j][2 * r + 1] * inv);
+                    }
+                }
+                if (t == 0) {
+                    gL[i] = l > 0.f ? (row_max[mt][r] + fast_log2(l)) * 0.6931471805599453f : NEG_INF;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Shared helpers live in the tests; this crate has no library code.

@@ -1,0 +1,149 @@
+//! The coverage sweep: compile every spec of the default matrix for sm80 and
+//! sm90a into a fresh temporary cache (so it really compiles), check the
+//! resources, and write `docs/coverage.md`.
+//!
+//! Needs NVRTC; without it the test skips and says so, unless
+//! `ATTNFORGE_REQUIRE_NVRTC=1` (set by `make test`), where it fails.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use attnforge::compile::Nvrtc;
+use attnforge::jit::{Jit, Origin};
+use attnforge::{matrix, Arch};
+use attnforge_cache::{Cache, CacheConfig};
+
+/// (registers, spill bytes, stack bytes, smem bytes, threads, compile ms) of one kernel.
+type Row = (u32, u32, u32, u32, u32, f64);
+
+/// Stack frame allowed per thread (bytes): a few words for the ABI, no arrays.
+const MAX_STACK: u32 = 64;
+
+#[test]
+fn every_matrix_spec_compiles_without_spills() {
+    let nvrtc = match Nvrtc::get() {
+        Ok(n) => n,
+        Err(e) => {
+            if std::env::var_os("ATTNFORGE_REQUIRE_NVRTC").is_some_and(|v| v != "0") {
+                panic!("ATTNFORGE_REQUIRE_NVRTC is set but NVRTC is missing: {e}");
+            }
+            println!("skipped: NVRTC not found ({e})");
+            return;
+        }
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let jit = Jit::new(Cache::open(CacheConfig::with_user_root(tmp.path())));
+    let archs = [Arch::Sm80, Arch::Sm90a];
+    let specs = matrix::default_specs(&archs);
+    assert!(!specs.is_empty());
+    let started = Instant::now();
+    let next = AtomicUsize::new(0);
+    let rows: Mutex<Vec<(String, Result<Row, String>)>> = Mutex::new(Vec::new());
+    let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(spec) = specs.get(i) else { break };
+                let r = jit.build(spec).map(|r| {
+                    assert_eq!(r.origin, Origin::Compiled, "{spec}: a fresh cache must compile");
+                    let m = &r.kernel.meta;
+                    (
+                        m.registers,
+                        m.spill_stores + m.spill_loads,
+                        m.stack_frame,
+                        m.smem_dynamic + m.smem_static,
+                        r.kernel.plan.threads(),
+                        m.compile_ms,
+                    )
+                });
+                rows.lock()
+                    .unwrap()
+                    .push((spec.to_string(), r.map_err(|e| e.to_string())));
+            });
+        }
+    });
+    let mut rows = rows.into_inner().unwrap();
+    rows.sort_by(|a, b| a.0.cmp(&b.0));
+    let wall = started.elapsed().as_secs_f64();
+    let mut failures = Vec::new();
+    let mut md = String::new();
+    let mut times = Vec::new();
+    let _ = writeln!(md, "# Coverage: every spec of `codegen_tests/matrix/default.toml`\n");
+    let _ = writeln!(
+        md,
+        "Written by `make sweep` / `make test` (codegen_tests/tests/sweep.rs): NVRTC {} into a fresh cache, \
+         {} specs. Checks: compiles, no spills, stack <= {MAX_STACK} B, registers <= 255, shared memory within the arch limit.\n",
+        nvrtc.version_string(),
+        rows.len()
+    );
+    let _ = writeln!(
+        md,
+        "Median compile time {{MEDIAN}} ms per kernel; whole sweep {{WALL}} s with {{JOBS}} jobs.\n"
+    );
+    let _ = writeln!(md, "| spec | ok | registers | smem (B) | threads | compile ms |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    for (spec, r) in &rows {
+        match r {
+            Ok((regs, spill, stack, smem, threads, ms)) => {
+                times.push(*ms);
+                let arch: Arch = spec.rsplit('.').next().unwrap().parse().unwrap();
+                let mut bad = Vec::new();
+                if *spill > 0 {
+                    bad.push(format!("{spill} B spilled"));
+                }
+                if *stack > MAX_STACK {
+                    bad.push(format!("stack {stack} B"));
+                }
+                if *regs > 255 {
+                    bad.push(format!("{regs} registers"));
+                }
+                if *smem > arch.max_smem_per_block() {
+                    bad.push(format!("smem {smem} B over {}", arch.max_smem_per_block()));
+                }
+                let _ = writeln!(
+                    md,
+                    "| `{spec}` | {} | {regs} | {smem} | {threads} | {ms:.0} |",
+                    if bad.is_empty() {
+                        "ok".to_string()
+                    } else {
+                        bad.join(", ")
+                    }
+                );
+                if !bad.is_empty() {
+                    failures.push(format!("{spec}: {}", bad.join(", ")));
+                }
+            }
+            Err(e) => {
+                let _ = writeln!(md, "| `{spec}` | FAILED | | | | |");
+                failures.push(format!("{spec}: {e}"));
+            }
+        }
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    let median = times.get(times.len() / 2).copied().unwrap_or(0.0);
+    println!(
+        "sweep: {} specs in {wall:.1}s with {jobs} jobs; median compile {median:.0} ms",
+        rows.len()
+    );
+    let verify = jit.cache().verify();
+    assert!(
+        verify.is_clean(),
+        "fresh sweep cache does not verify: {:?}",
+        verify.issues
+    );
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/coverage.md");
+    let md = md
+        .replace("{MEDIAN}", &format!("{median:.0}"))
+        .replace("{WALL}", &format!("{wall:.1}"))
+        .replace("{JOBS}", &jobs.to_string());
+    std::fs::write(&path, md).unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} specs failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}

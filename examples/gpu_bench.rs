@@ -1,0 +1,228 @@
+//! Times the generated forward kernels on the GPU (CUDA events, median of
+//! repeated launches) over the standard sweep, and writes JSON rows that
+//! `scripts/gpu_bench.py` puts next to the peers measured in the same run.
+//!
+//! Standard sweep (as in the FlashAttention papers and ../shared/baselines):
+//! d ∈ {64, 128, 256} × seqlen ∈ {512, 2k, 8k, 16k} × causal, batch·seqlen =
+//! 16k tokens, heads·d = 2048, bf16, BHSD; plus a ragged THD sweep.
+//!
+//! usage: gpu_bench [--quick] [OUT_JSON]
+
+use std::time::Instant;
+
+use attnforge::launch::{self, FwdArgs, FwdProblem, TensorArg};
+use attnforge::{Arch, AttnSpec, DType, Layout, Mask};
+use cudarc::driver::{result, sys};
+use rand::{Rng, SeedableRng};
+
+struct Dev(u64);
+impl Dev {
+    fn random(n: usize, rng: &mut rand::rngs::StdRng) -> Dev {
+        let host: Vec<u16> = (0..n)
+            .map(|_| half::bf16::from_f32(rng.gen_range(-1.0f32..1.0)).to_bits())
+            .collect();
+        // SAFETY: device allocation and copy of `n` elements.
+        unsafe {
+            let p = result::malloc_sync(n * 2).expect("alloc");
+            result::memcpy_htod_sync(p, &host).expect("htod");
+            Dev(p)
+        }
+    }
+    fn zeroed(bytes: usize) -> Dev {
+        // SAFETY: device allocation.
+        unsafe {
+            let p = result::malloc_sync(bytes).expect("alloc");
+            result::memset_d8_sync(p, 0, bytes).expect("memset");
+            Dev(p)
+        }
+    }
+}
+impl Drop for Dev {
+    fn drop(&mut self) {
+        // SAFETY: allocated above.
+        unsafe {
+            let _ = result::free_sync(self.0);
+        }
+    }
+}
+
+/// Median milliseconds per launch of `f`, timed with events over `iters` launches, `reps` times.
+fn time_ms(mut f: impl FnMut(), iters: usize, reps: usize) -> f64 {
+    for _ in 0..3 {
+        f();
+    }
+    let start = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).expect("event");
+    let stop = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).expect("event");
+    let mut v = Vec::new();
+    for _ in 0..reps {
+        // SAFETY: events on the legacy default stream.
+        unsafe {
+            result::event::record(start, std::ptr::null_mut()).expect("record");
+            for _ in 0..iters {
+                f();
+            }
+            result::event::record(stop, std::ptr::null_mut()).expect("record");
+            result::event::synchronize(stop).expect("sync");
+            v.push(result::event::elapsed(start, stop).expect("elapsed") as f64 / iters as f64);
+        }
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let out = args.iter().find(|a| !a.starts_with("--")).cloned();
+    if !launch::driver_available() {
+        eprintln!("skipped: no CUDA driver");
+        return;
+    }
+    launch::ensure_context(0).expect("context");
+    let cc = launch::current_compute_capability().expect("cc");
+    let arch = Arch::from_compute_capability(cc.0, cc.1).expect("supported GPU");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut rows = Vec::new();
+    let seqs: &[usize] = if quick {
+        &[2048, 16384]
+    } else {
+        &[512, 2048, 8192, 16384]
+    };
+    for d in [64usize, 128, 256] {
+        let h = 2048 / d;
+        for &s in seqs {
+            let b = (16384 / s).max(1);
+            for causal in [false, true] {
+                let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
+                let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, arch);
+                let t0 = Instant::now();
+                let k = match attnforge::get_or_build(&spec) {
+                    Ok(k) => k,
+                    Err(e) => {
+                        eprintln!("{spec}: {e}");
+                        continue;
+                    }
+                };
+                let build_ms = t0.elapsed().as_secs_f64() * 1e3;
+                let lk = launch::load(&k).expect("load");
+                let n = b * h * s * d;
+                let (q, kk, v) = (
+                    Dev::random(n, &mut rng),
+                    Dev::random(n, &mut rng),
+                    Dev::random(n, &mut rng),
+                );
+                let o = Dev::zeroed(n * 2);
+                let lse = Dev::zeroed(b * h * s * 4);
+                let t = |p| TensorArg::bhsd(p, s as i64, h as i64, d as i64);
+                let fa = FwdArgs {
+                    q: t(q.0),
+                    k: t(kk.0),
+                    v: t(v.0),
+                    o: t(o.0),
+                    lse: lse.0,
+                    problem: FwdProblem {
+                        batch: b as u32,
+                        heads_q: h as u32,
+                        heads_kv: h as u32,
+                        seqlen_q: s as u32,
+                        seqlen_k: s as u32,
+                        window: (-1, -1),
+                        ..Default::default()
+                    },
+                };
+                // SAFETY: buffers sized for the problem.
+                let ms = time_ms(
+                    || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") },
+                    10,
+                    7,
+                );
+                let flops = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 };
+                let tf = flops / ms / 1e9;
+                println!("{spec:<40} b={b:<3} h={h:<3} s={s:<6} {ms:8.3} ms {tf:7.1} TFLOP/s (regs {}, build {build_ms:.0} ms)", k.meta.registers);
+                rows.push(serde_json::json!({
+                    "impl": "attnforge", "spec": spec.to_string(), "b": b, "h": h, "s": s, "d": d,
+                    "causal": causal, "fwd_ms": ms, "fwd_tflops": tf, "registers": k.meta.registers,
+                }));
+            }
+        }
+    }
+    // Ragged THD: 16k tokens in sequences of random length 128..4096, d128 and d256.
+    for d in [128usize, 256] {
+        let h = 2048 / d;
+        let mut lens = Vec::new();
+        let mut total = 0;
+        while total < 16384 {
+            let l = rng.gen_range(128..=4096).min(16384 - total);
+            lens.push(l);
+            total += l;
+        }
+        let mut cu = vec![0i32];
+        for l in &lens {
+            cu.push(cu.last().unwrap() + *l as i32);
+        }
+        let max = *lens.iter().max().unwrap();
+        for causal in [false, true] {
+            let mask = if causal { Mask::CausalBottomRight } else { Mask::None };
+            let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Thd, arch);
+            let Ok(k) = attnforge::get_or_build(&spec) else {
+                continue;
+            };
+            let lk = launch::load(&k).expect("load");
+            let n = total * h * d;
+            let (q, kk, v) = (
+                Dev::random(n, &mut rng),
+                Dev::random(n, &mut rng),
+                Dev::random(n, &mut rng),
+            );
+            let o = Dev::zeroed(n * 2);
+            let lse = Dev::zeroed(h * total * 4);
+            let cu_d = Dev::zeroed(cu.len() * 4);
+            // SAFETY: cu_d holds cu.len() int32.
+            unsafe { result::memcpy_htod_sync(cu_d.0, &cu).expect("htod") };
+            let t = |p| TensorArg::thd(p, h as i64, d as i64);
+            let fa = FwdArgs {
+                q: t(q.0),
+                k: t(kk.0),
+                v: t(v.0),
+                o: t(o.0),
+                lse: lse.0,
+                problem: FwdProblem {
+                    batch: lens.len() as u32,
+                    heads_q: h as u32,
+                    heads_kv: h as u32,
+                    seqlen_q: max as u32,
+                    seqlen_k: max as u32,
+                    cu_seqlens_q: Some(cu_d.0),
+                    cu_seqlens_k: Some(cu_d.0),
+                    total_q: total as u32,
+                    window: (-1, -1),
+                    ..Default::default()
+                },
+            };
+            // SAFETY: buffers sized for the problem.
+            let ms = time_ms(
+                || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") },
+                10,
+                7,
+            );
+            let pairs: f64 = lens
+                .iter()
+                .map(|&l| (l * l) as f64 * if causal { 0.5 } else { 1.0 })
+                .sum();
+            let tf = 4.0 * pairs * (h * d) as f64 / ms / 1e9;
+            println!(
+                "{spec:<40} ragged {} seqs, {total} tokens {ms:8.3} ms {tf:7.1} TFLOP/s",
+                lens.len()
+            );
+            rows.push(serde_json::json!({
+                "impl": "attnforge", "spec": spec.to_string(), "ragged_lens": lens, "h": h, "d": d,
+                "causal": causal, "fwd_ms": ms, "fwd_tflops": tf, "registers": k.meta.registers,
+            }));
+        }
+    }
+    // SAFETY: final sync; any asynchronous launch failure shows here.
+    unsafe { sys::cuCtxSynchronize() }.result().expect("kernels");
+    if let Some(path) = out {
+        std::fs::write(&path, serde_json::to_string_pretty(&rows).unwrap()).expect("write json");
+    }
+}

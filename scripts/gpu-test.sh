@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Run the GPU correctness suite on a machine with a CUDA GPU (the H200 lent by
+# the device tool). No Rust needed there: `make gpu-bundle` builds the test
+# binaries here into .gpu/, which travels with the working tree.
+#   usage: scripts/gpu-test.sh [--sanitize]
+# Results go to $OUT (or ./gpu-results) as gpu-correctness.md and logs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-$PWD/gpu-results}"; mkdir -p "$out"
+export ATTNFORGE_REPORT_DIR="$out"
+export ATTNFORGE_CACHE_DIR="${ATTNFORGE_CACHE_DIR:-$(mktemp -d)}"   # fresh: really compiles
+if [ -z "${ATTNFORGE_NVRTC:-}" ]; then
+  for c in /opt/*/.venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13 \
+           /usr/local/lib/python3*/dist-packages/nvidia/cu13/lib/libnvrtc.so.13 \
+           /usr/local/cuda/lib64/libnvrtc.so.13; do
+    [ -e "$c" ] && export ATTNFORGE_NVRTC="$c" && break
+  done
+fi
+echo "date: $(date -u +%F' '%T) UTC"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+echo "nvrtc: ${ATTNFORGE_NVRTC:-<discovery>}"
+status=0
+for t in .gpu/gpu_fwd .gpu/gpu_bwd; do
+  [ -x "$t" ] || continue
+  echo "== $t"
+  "$t" 2>&1 | tee "$out/$(basename "$t").log" || status=1
+done
+if [ "${1:-}" = "--sanitize" ] && command -v compute-sanitizer >/dev/null; then
+  echo "== compute-sanitizer memcheck (subset)"
+  ATTNFORGE_GPU_CASES="${ATTNFORGE_SANITIZE_CASES:-thd}" compute-sanitizer --tool memcheck --error-exitcode 9 \
+    .gpu/gpu_fwd 2>&1 | tail -n 30 | tee "$out/memcheck.log" || status=1
+fi
+exit $status

@@ -1,0 +1,140 @@
+"""attnforge GPU benchmark: our generated kernels and the peers, in one run.
+
+Runs on the GPU machine (`make gpu-bench`). Times torch SDPA's flash
+(FlashAttention-2) and cuDNN backends over the standard sweep, runs our Rust
+timing binary (.gpu/gpu_bench) in the same process tree, and writes
+  $OUT/bench.json   every row, ours and peers
+  $OUT/bench.md     the table with TFLOP/s and ratios to each peer
+  $OUT/bench.png    forward TFLOP/s per config
+"""
+import json, os, subprocess, sys, datetime
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel, SDPBackend
+from triton.testing import do_bench
+
+out = os.environ.get("OUT") or os.path.join(os.getcwd(), "gpu-results")
+os.makedirs(out, exist_ok=True)
+quick = "--quick" in sys.argv
+dev = torch.device("cuda")
+PEERS = {"torch-flash": SDPBackend.FLASH_ATTENTION, "torch-cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+def flops(b, h, s, d, causal):
+    return 4 * b * h * s * s * d * (0.5 if causal else 1.0)
+
+
+def configs():
+    seqs = (2048, 16384) if quick else (512, 2048, 8192, 16384)
+    for d in (64, 128, 256):
+        for s in seqs:
+            for causal in (False, True):
+                yield max(1, 16384 // s), 2048 // d, s, d, causal
+
+
+def peers():
+    rows = []
+    for b, h, s, d, causal in configs():
+        q, k, v = (torch.randn(b, h, s, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
+        for name, bk in PEERS.items():
+            row = {"impl": name, "b": b, "h": h, "s": s, "d": d, "causal": causal}
+            try:
+                with sdpa_kernel([bk]):
+                    fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    fn()
+                    ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                row.update(fwd_ms=ms, fwd_tflops=flops(b, h, s, d, causal) / ms / 1e9)
+            except Exception as e:  # a peer that cannot run this config says why
+                row["error"] = str(e).splitlines()[0][:160]
+            rows.append(row)
+        del q, k, v
+    return rows
+
+
+def ragged_peer(ours):
+    """FlashAttention-2 varlen through aten, on the same lengths as our ragged rows."""
+    rows = []
+    for r in ours:
+        if "ragged_lens" not in r:
+            continue
+        lens, h, d, causal = r["ragged_lens"], r["h"], r["d"], r["causal"]
+        total = sum(lens)
+        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device=dev, dtype=torch.int32)
+        q, k, v = (torch.randn(total, h, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
+        row = {"impl": "torch-flash", "ragged_lens": lens, "h": h, "d": d, "causal": causal}
+        try:
+            fn = lambda: torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max(lens), max(lens), 0.0, causal, False)
+            fn()
+            ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+            pairs = sum(l * l * (0.5 if causal else 1.0) for l in lens)
+            row.update(fwd_ms=ms, fwd_tflops=4 * pairs * h * d / ms / 1e9)
+        except Exception as e:
+            row["error"] = str(e).splitlines()[0][:160]
+        rows.append(row)
+    return rows
+
+
+def main():
+    started = datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC")
+    ours_json = os.path.join(out, "ours.json")
+    cmd = [os.path.join(os.path.dirname(__file__), "..", ".gpu", "gpu_bench"), ours_json] + (["--quick"] if quick else [])
+    print("running", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    ours = json.load(open(ours_json))
+    torch.cuda.empty_cache()
+    peer_rows = peers() + ragged_peer(ours)
+    rows = ours + peer_rows
+    meta = {"date": started, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "cudnn": torch.backends.cudnn.version(), "quick": quick}
+    json.dump({"meta": meta, "rows": rows}, open(os.path.join(out, "bench.json"), "w"), indent=1)
+
+    def find(impl, r):
+        for p in peer_rows:
+            if p["impl"] != impl or "fwd_tflops" not in p:
+                continue
+            if "ragged_lens" in r:
+                if p.get("ragged_lens") == r["ragged_lens"] and p["causal"] == r["causal"] and p["d"] == r["d"]:
+                    return p["fwd_tflops"]
+            elif all(p.get(x) == r[x] for x in ("b", "h", "s", "d", "causal")):
+                return p["fwd_tflops"]
+        return None
+
+    lines = [f"Forward, bf16, {meta['device']}, torch {meta['torch']}, cuDNN {meta['cudnn']}, measured {started}.",
+             "TFLOP/s = 4·b·h·s²·d / time (halved when causal); ratio = ours / peer, same run.", "",
+             "| d | seqlen | batch x heads | causal | attnforge | torch-flash (FA2) | torch-cudnn | vs FA2 | vs cuDNN |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in ours:
+        fa, cd = find("torch-flash", r), find("torch-cudnn", r)
+        shape = f"ragged {len(r['ragged_lens'])} seqs" if "ragged_lens" in r else f"{r['s']}"
+        bh = f"x {r['h']}" if "ragged_lens" in r else f"{r['b']} x {r['h']}"
+        fmt = lambda x: f"{x:.0f}" if x else "n/a"
+        ratio = lambda x: f"{r['fwd_tflops'] / x:.2f}x" if x else "n/a"
+        lines.append(f"| {r['d']} | {shape} | {bh} | {'yes' if r['causal'] else 'no'} | {r['fwd_tflops']:.0f} | "
+                     f"{fmt(fa)} | {fmt(cd)} | {ratio(fa)} | {ratio(cd)} |")
+    errs = [p for p in peer_rows if "error" in p]
+    for p in errs:
+        lines.append(f"\npeer {p['impl']} d{p['d']} {'ragged' if 'ragged_lens' in p else p.get('s')}: {p['error']}")
+    table = "\n".join(lines)
+    open(os.path.join(out, "bench.md"), "w").write(table + "\n")
+    print(table)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        dense = [r for r in ours if "ragged_lens" not in r]
+        labels = [f"d{r['d']} s{r['s']}{' c' if r['causal'] else ''}" for r in dense]
+        x = range(len(dense))
+        fig, ax = plt.subplots(figsize=(max(8, len(dense) * 0.45), 4.5))
+        w = 0.27
+        ax.bar([i - w for i in x], [r["fwd_tflops"] for r in dense], w, label="attnforge")
+        ax.bar(list(x), [find("torch-flash", r) or 0 for r in dense], w, label="torch-flash (FA2)")
+        ax.bar([i + w for i in x], [find("torch-cudnn", r) or 0 for r in dense], w, label="torch-cudnn")
+        ax.set_xticks(list(x)); ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("TFLOP/s (bf16 fwd)"); ax.set_title(f"{meta['device']} forward, {started}")
+        ax.legend(); fig.tight_layout(); fig.savefig(os.path.join(out, "bench.png"), dpi=110)
+    except Exception as e:
+        print("plot failed:", e)
+
+
+if __name__ == "__main__":
+    main()

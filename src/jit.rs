@@ -1,0 +1,236 @@
+//! The library entry point: `get_or_build(&spec)`, which runs the pipeline
+//! spec → plan → render → compile → cache and returns a [`CompiledKernel`].
+//!
+//! Lookups go memo (in-process) → disk cache (read-only prebuilt roots, then
+//! the user root) → NVRTC. Concurrent requests for one spec compile it once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use attnforge_cache::{Cache, CacheConfig, CacheKey, KernelMeta, KeyBuilder, Lookup};
+
+use crate::compile::{CompileRequest, Emit, Nvrtc};
+use crate::error::Error;
+use crate::plan::{plan, KernelPlan};
+use crate::render::{render, templates_fingerprint, Rendered};
+use crate::spec::AttnSpec;
+
+/// Where a kernel came from on this request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Compiled by NVRTC just now (and stored).
+    Compiled,
+    /// Read from a disk cache root.
+    Disk,
+    /// Served from this process's memo.
+    Memo,
+}
+
+/// A CUBIN ready to load, with what the launcher needs to launch it.
+#[derive(Debug, Clone)]
+pub struct CompiledKernel {
+    pub spec: AttnSpec,
+    pub plan: KernelPlan,
+    pub key: CacheKey,
+    pub cubin: Vec<u8>,
+    pub meta: KernelMeta,
+    /// How the first request of this process obtained it.
+    pub origin: Origin,
+}
+
+/// Everything that changes the bytes of a CUBIN, in a fixed order.
+pub fn cache_key(plan: &KernelPlan, rendered: &Rendered, nvrtc_version: &str, options: &[String]) -> CacheKey {
+    let plan_json = serde_json::to_string(plan).unwrap_or_default();
+    let mut kb = KeyBuilder::new()
+        .field("spec", plan.spec.to_string())
+        .field("plan", plan_json)
+        .field("templates", templates_fingerprint())
+        .field("source", &rendered.source)
+        .field("nvrtc", nvrtc_version)
+        .field("arch", plan.spec.arch.nvrtc_arch())
+        .field("options.len", options.len().to_string());
+    for o in options {
+        kb = kb.field("option", o);
+    }
+    kb.finish()
+}
+
+/// The exact NVRTC option list for a plan (the compile stage's base options,
+/// then the plan's), as the cache key covers it.
+pub fn compile_options(plan: &KernelPlan) -> Vec<String> {
+    let mut req = CompileRequest::new("", "", plan.spec.arch.nvrtc_arch());
+    req.options = &plan.compile_options;
+    req.effective_options()
+}
+
+/// A cache plus an in-process memo and per-spec build locks.
+pub struct Jit {
+    cache: Cache,
+    memo: RwLock<HashMap<AttnSpec, Arc<CompiledKernel>>>,
+    building: Mutex<HashMap<AttnSpec, Arc<Mutex<()>>>>,
+}
+
+/// What a build reports besides the kernel (for the CLI summary).
+#[derive(Debug, Clone)]
+pub struct BuildReport {
+    pub kernel: Arc<CompiledKernel>,
+    pub origin: Origin,
+    /// A corrupt entry found and replaced on the way, if any.
+    pub repaired: Option<String>,
+}
+
+impl Jit {
+    pub fn new(cache: Cache) -> Self {
+        Jit {
+            cache,
+            memo: RwLock::new(HashMap::new()),
+            building: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The process-wide instance, configured from the environment
+    /// (`ATTNFORGE_CACHE_DIR`, `ATTNFORGE_CACHE_PATH`).
+    pub fn global() -> &'static Jit {
+        static G: OnceLock<Jit> = OnceLock::new();
+        G.get_or_init(|| Jit::new(Cache::open(CacheConfig::from_env())))
+    }
+
+    pub fn cache(&self) -> &Cache {
+        &self.cache
+    }
+
+    /// Memo lookup only (the hot path).
+    #[inline]
+    pub fn memo_get(&self, spec: &AttnSpec) -> Option<Arc<CompiledKernel>> {
+        self.memo.read().ok()?.get(spec).cloned()
+    }
+
+    pub fn get_or_build(&self, spec: &AttnSpec) -> Result<Arc<CompiledKernel>, Error> {
+        Ok(self.build(spec)?.kernel)
+    }
+
+    /// Like [`Jit::get_or_build`], reporting where the kernel came from.
+    pub fn build(&self, spec: &AttnSpec) -> Result<BuildReport, Error> {
+        if let Some(k) = self.memo_get(spec) {
+            return Ok(BuildReport {
+                kernel: k,
+                origin: Origin::Memo,
+                repaired: None,
+            });
+        }
+        let lock = {
+            let mut b = self
+                .building
+                .lock()
+                .map_err(|_| Error::Other("build lock poisoned".into()))?;
+            b.entry(*spec).or_default().clone()
+        };
+        let _guard = lock.lock().map_err(|_| Error::Other("build lock poisoned".into()))?;
+        if let Some(k) = self.memo_get(spec) {
+            return Ok(BuildReport {
+                kernel: k,
+                origin: Origin::Memo,
+                repaired: None,
+            });
+        }
+        let report = self.build_uncached(spec)?;
+        if let Ok(mut m) = self.memo.write() {
+            m.insert(*spec, report.kernel.clone());
+        }
+        Ok(report)
+    }
+
+    fn build_uncached(&self, spec: &AttnSpec) -> Result<BuildReport, Error> {
+        let plan = plan(spec)?;
+        let rendered = render(&plan)?;
+        let nvrtc = Nvrtc::get()?;
+        let options = compile_options(&plan);
+        let key = cache_key(&plan, &rendered, &nvrtc.version_string(), &options);
+        let mut repaired = None;
+        match self.cache.get(&key) {
+            Lookup::Hit { cubin, meta, .. } => {
+                let kernel = Arc::new(CompiledKernel {
+                    spec: *spec,
+                    plan,
+                    key,
+                    cubin,
+                    meta,
+                    origin: Origin::Disk,
+                });
+                return Ok(BuildReport {
+                    kernel,
+                    origin: Origin::Disk,
+                    repaired: None,
+                });
+            }
+            Lookup::Corrupt { path, reason } => {
+                let msg = format!("corrupt cache entry {} ({reason}); recompiling", path.display());
+                eprintln!("attnforge: warning: {msg}");
+                repaired = Some(msg);
+            }
+            Lookup::Miss => {}
+        }
+        let (cubin, meta) = compile_plan(&plan, &rendered, nvrtc)?;
+        self.cache.put(&key, &cubin, &meta)?;
+        let kernel = Arc::new(CompiledKernel {
+            spec: *spec,
+            plan,
+            key,
+            cubin,
+            meta,
+            origin: Origin::Compiled,
+        });
+        Ok(BuildReport {
+            kernel,
+            origin: Origin::Compiled,
+            repaired,
+        })
+    }
+}
+
+/// Compile a rendered plan to CUBIN and describe it.
+pub fn compile_plan(plan: &KernelPlan, rendered: &Rendered, nvrtc: &Nvrtc) -> Result<(Vec<u8>, KernelMeta), Error> {
+    let started = Instant::now();
+    let out = nvrtc.compile(&CompileRequest {
+        source: &rendered.source,
+        program_name: &rendered.program_name,
+        arch: plan.spec.arch.nvrtc_arch(),
+        options: &plan.compile_options,
+        emit: Emit::Cubin,
+    })?;
+    let compile_ms = started.elapsed().as_secs_f64() * 1e3;
+    let res = out
+        .resources
+        .iter()
+        .find(|r| r.entry == plan.entry)
+        .cloned()
+        .unwrap_or_default();
+    let meta = KernelMeta {
+        spec: plan.spec.to_string(),
+        entry: plan.entry.clone(),
+        arch: plan.spec.arch.nvrtc_arch().to_string(),
+        nvrtc_version: nvrtc.version_string(),
+        registers: res.registers,
+        stack_frame: res.stack_frame,
+        spill_stores: res.spill_stores,
+        spill_loads: res.spill_loads,
+        smem_static: res.smem_static,
+        smem_dynamic: plan.smem_bytes,
+        compile_ms,
+        created_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        log: out.log.clone(),
+        cubin_sha256: hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&out.binary)),
+        cubin_len: out.binary.len() as u64,
+        extra: serde_json::json!({ "plan": plan }),
+    };
+    Ok((out.binary, meta))
+}
+
+/// Build (or fetch) the kernel for `spec` with the process-wide cache.
+pub fn get_or_build(spec: &AttnSpec) -> Result<Arc<CompiledKernel>, Error> {
+    Jit::global().get_or_build(spec)
+}

@@ -1,0 +1,610 @@
+//! Stage 6 of the pipeline: **launch** a compiled kernel on a caller's stream.
+//!
+//! The launcher takes raw device pointers, shapes, strides and a `CUstream`
+//! (so torch and XLA can hand theirs over), checks every argument before
+//! anything runs ([`check_fwd`], pure and unit-tested without a GPU), and only
+//! then calls the driver. It never launches on invalid input.
+//!
+//! Tensor conventions (elements, not bytes; the head-dim stride must be 1):
+//! - dense: Q/O `[batch, seqlen_q, heads_q, d]`, K/V `[batch, seqlen_k, heads_kv, d]`
+//!   with any (batch, seq, head) strides — BSHD, BHSD, SBHD and views into a
+//!   packed qkv all fit;
+//! - THD (ragged): `[total_tokens, heads, d]`, `cu_seqlens_q/k` int32 prefix sums
+//!   of length `batch + 1`; the batch stride is ignored.
+//!
+//! LSE (f32, natural log) is written contiguous: `[batch, heads_q, seqlen_q]`
+//! dense, `[heads_q, total_q]` THD. That is the context any backward consumes.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{result, sys};
+use thiserror::Error;
+
+use crate::jit::CompiledKernel;
+use crate::plan::KernelPlan;
+use crate::spec::{Arch, AttnSpec, Direction, Layout, Mask};
+
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum LaunchError {
+    #[error("no CUDA driver (libcuda.so) found on this machine")]
+    NoDriver,
+    #[error("CUDA driver call {call} failed: {code}")]
+    Driver { call: &'static str, code: String },
+    #[error("invalid argument `{arg}`: {reason}")]
+    InvalidArgument { arg: &'static str, reason: String },
+    #[error("kernel `{spec}` does not match the problem: {reason}")]
+    SpecMismatch { spec: String, reason: String },
+}
+
+fn invalid(arg: &'static str, reason: impl Into<String>) -> LaunchError {
+    LaunchError::InvalidArgument {
+        arg,
+        reason: reason.into(),
+    }
+}
+
+fn driver_err(call: &'static str) -> impl Fn(result::DriverError) -> LaunchError {
+    move |e| LaunchError::Driver {
+        call,
+        code: format!("{e:?}"),
+    }
+}
+
+/// A Q/K/V/O tensor: device pointer and strides in elements for
+/// (batch, seq, head); the head-dim stride is 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TensorArg {
+    pub ptr: u64,
+    pub stride_batch: i64,
+    pub stride_seq: i64,
+    pub stride_head: i64,
+}
+
+impl TensorArg {
+    /// Contiguous BSHD `[b, s, h, d]`.
+    pub fn bshd(ptr: u64, seqlen: i64, heads: i64, d: i64) -> Self {
+        TensorArg {
+            ptr,
+            stride_batch: seqlen * heads * d,
+            stride_seq: heads * d,
+            stride_head: d,
+        }
+    }
+    /// Contiguous BHSD `[b, h, s, d]`.
+    pub fn bhsd(ptr: u64, seqlen: i64, heads: i64, d: i64) -> Self {
+        TensorArg {
+            ptr,
+            stride_batch: seqlen * heads * d,
+            stride_seq: d,
+            stride_head: seqlen * d,
+        }
+    }
+    /// Packed THD `[total, h, d]`.
+    pub fn thd(ptr: u64, heads: i64, d: i64) -> Self {
+        TensorArg {
+            ptr,
+            stride_batch: 0,
+            stride_seq: heads * d,
+            stride_head: d,
+        }
+    }
+}
+
+/// Run-time shape and values of one forward call.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FwdProblem {
+    pub batch: u32,
+    pub heads_q: u32,
+    pub heads_kv: u32,
+    /// Dense: the sequence lengths. THD: the maximum lengths over the batch.
+    pub seqlen_q: u32,
+    pub seqlen_k: u32,
+    /// THD only: device pointers to int32 `[batch + 1]` prefix sums, and the totals.
+    pub cu_seqlens_q: Option<u64>,
+    pub cu_seqlens_k: Option<u64>,
+    pub total_q: u32,
+    /// Softmax scale; `None` = 1/sqrt(head_dim_qk).
+    pub scale: Option<f32>,
+    /// Softcap value (> 0) for softcap specs; must be 0 otherwise.
+    pub softcap: f32,
+    /// Sliding window (left, right), -1 = unbounded; window specs only.
+    pub window: (i32, i32),
+}
+
+/// Device buffers of one forward call.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FwdArgs {
+    pub q: TensorArg,
+    pub k: TensorArg,
+    pub v: TensorArg,
+    pub o: TensorArg,
+    /// f32 LSE output, contiguous in the layout documented above.
+    pub lse: u64,
+    pub problem: FwdProblem,
+}
+
+/// The kernel's parameter block; layout identical to `FwdParams` in
+/// `templates/fwd_sm80.cu` (checked by a unit test on the size and by the
+/// GPU suite on the values).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct FwdParams {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub cu_seqlens_q: u64,
+    pub cu_seqlens_k: u64,
+    pub q_sb: i64,
+    pub q_ss: i64,
+    pub q_sh: i64,
+    pub k_sb: i64,
+    pub k_ss: i64,
+    pub k_sh: i64,
+    pub v_sb: i64,
+    pub v_ss: i64,
+    pub v_sh: i64,
+    pub o_sb: i64,
+    pub o_ss: i64,
+    pub o_sh: i64,
+    pub lse_sb: i64,
+    pub lse_sh: i64,
+    pub batch: i32,
+    pub heads_q: i32,
+    pub heads_kv: i32,
+    pub gqa_ratio: i32,
+    pub seqlen_q: i32,
+    pub seqlen_k: i32,
+    pub window_left: i32,
+    pub window_right: i32,
+    pub scale_log2: f32,
+    pub softcap_pre: f32,
+    pub softcap_post: f32,
+    pub num_m_blocks: i32,
+}
+
+/// Grid and block of a checked launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchDims {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub smem: u32,
+}
+
+const LOG2_E: f32 = std::f32::consts::LOG2_E;
+
+/// Validate a forward call against its plan and build the parameter block.
+/// Returns `Ok(None)` when there is nothing to compute (an empty problem).
+pub fn check_fwd(plan: &KernelPlan, a: &FwdArgs) -> Result<Option<(FwdParams, LaunchDims)>, LaunchError> {
+    let spec: &AttnSpec = &plan.spec;
+    let p = &a.problem;
+    let mismatch = |reason: String| LaunchError::SpecMismatch {
+        spec: spec.to_string(),
+        reason,
+    };
+    if spec.direction != Direction::Fwd {
+        return Err(mismatch("not a forward kernel".into()));
+    }
+    if p.heads_q == 0 || p.heads_kv == 0 {
+        return Err(invalid("heads", "heads_q and heads_kv must be >= 1"));
+    }
+    if !p.heads_q.is_multiple_of(p.heads_kv) {
+        return Err(invalid(
+            "heads_kv",
+            format!(
+                "heads_q ({}) must be a multiple of heads_kv ({}) for GQA/MQA",
+                p.heads_q, p.heads_kv
+            ),
+        ));
+    }
+    if p.seqlen_q > i32::MAX as u32 || p.seqlen_k > i32::MAX as u32 || p.total_q > i32::MAX as u32 {
+        return Err(invalid("seqlen", "sequence lengths must fit in int32"));
+    }
+    match (spec.layout, p.cu_seqlens_q, p.cu_seqlens_k) {
+        (Layout::Thd, Some(cq), Some(ck)) => {
+            if cq == 0 || ck == 0 || cq % 4 != 0 || ck % 4 != 0 {
+                return Err(invalid(
+                    "cu_seqlens",
+                    "cu_seqlens pointers must be non-null and 4-byte aligned",
+                ));
+            }
+        }
+        (Layout::Thd, _, _) => return Err(mismatch("THD layout needs cu_seqlens_q and cu_seqlens_k".into())),
+        (Layout::Dense, None, None) => {}
+        (Layout::Dense, _, _) => {
+            return Err(mismatch(
+                "cu_seqlens given for a dense kernel; use a thd spec for ragged batches".into(),
+            ))
+        }
+    }
+    if spec.softcap != (p.softcap != 0.0) {
+        return Err(mismatch(if spec.softcap {
+            "softcap spec needs a softcap value > 0".into()
+        } else {
+            format!("softcap {} given to a kernel without softcap", p.softcap)
+        }));
+    }
+    if spec.softcap && !(p.softcap.is_finite() && p.softcap > 0.0) {
+        return Err(invalid("softcap", format!("must be finite and > 0, got {}", p.softcap)));
+    }
+    let window_given = p.window != (-1, -1);
+    if spec.mask != Mask::SlidingWindow && window_given {
+        return Err(mismatch(format!(
+            "window {:?} given to a `{}` kernel",
+            p.window, spec.mask
+        )));
+    }
+    if p.window.0 < -1 || p.window.1 < -1 {
+        return Err(invalid(
+            "window",
+            format!("sizes must be >= -1 (-1 = unbounded), got {:?}", p.window),
+        ));
+    }
+    let scale = p.scale.unwrap_or(1.0 / (spec.head_dim_qk as f32).sqrt());
+    if !scale.is_finite() || scale <= 0.0 {
+        return Err(invalid("scale", format!("must be finite and > 0, got {scale}")));
+    }
+
+    // Pointers and strides: 16-byte chunks are copied with cp.async, so every
+    // row must start 16-byte aligned.
+    for (name, t) in [("q", &a.q), ("k", &a.k), ("v", &a.v), ("o", &a.o)] {
+        if t.ptr == 0 {
+            return Err(invalid(name, "null pointer"));
+        }
+        if t.ptr % 16 != 0 {
+            return Err(invalid(name, format!("pointer {:#x} is not 16-byte aligned", t.ptr)));
+        }
+        let strides = if spec.layout == Layout::Dense {
+            vec![t.stride_batch, t.stride_seq, t.stride_head]
+        } else {
+            vec![t.stride_seq, t.stride_head]
+        };
+        for s in strides {
+            if s < 0 || s % 8 != 0 {
+                return Err(invalid(
+                    name,
+                    format!("strides must be non-negative multiples of 8 elements (16 bytes), got {s}"),
+                ));
+            }
+        }
+    }
+    if a.lse == 0 || !a.lse.is_multiple_of(4) {
+        return Err(invalid("lse", "LSE pointer must be non-null and 4-byte aligned"));
+    }
+
+    let batch = p.batch;
+    if batch == 0 || p.seqlen_q == 0 {
+        return Ok(None);
+    }
+    let (lse_sb, lse_sh) = match spec.layout {
+        Layout::Dense => ((p.heads_q as i64) * p.seqlen_q as i64, p.seqlen_q as i64),
+        Layout::Thd => {
+            if p.total_q == 0 {
+                return Ok(None);
+            }
+            (0, p.total_q as i64)
+        }
+    };
+    let num_m_blocks = p.seqlen_q.div_ceil(plan.block_m);
+    if num_m_blocks > 65535 {
+        return Err(invalid(
+            "seqlen_q",
+            format!(
+                "{} exceeds the grid limit of {} query rows",
+                p.seqlen_q,
+                65535 * plan.block_m
+            ),
+        ));
+    }
+    let bh = batch as u64 * p.heads_q as u64;
+    if bh > i32::MAX as u64 {
+        return Err(invalid("batch", "batch * heads_q exceeds 2^31 - 1"));
+    }
+    let (softcap_pre, softcap_post) = if spec.softcap {
+        (scale / p.softcap, p.softcap * LOG2_E)
+    } else {
+        (0.0, 0.0)
+    };
+    let params = FwdParams {
+        q: a.q.ptr,
+        k: a.k.ptr,
+        v: a.v.ptr,
+        o: a.o.ptr,
+        lse: a.lse,
+        cu_seqlens_q: p.cu_seqlens_q.unwrap_or(0),
+        cu_seqlens_k: p.cu_seqlens_k.unwrap_or(0),
+        q_sb: a.q.stride_batch,
+        q_ss: a.q.stride_seq,
+        q_sh: a.q.stride_head,
+        k_sb: a.k.stride_batch,
+        k_ss: a.k.stride_seq,
+        k_sh: a.k.stride_head,
+        v_sb: a.v.stride_batch,
+        v_ss: a.v.stride_seq,
+        v_sh: a.v.stride_head,
+        o_sb: a.o.stride_batch,
+        o_ss: a.o.stride_seq,
+        o_sh: a.o.stride_head,
+        lse_sb,
+        lse_sh,
+        batch: batch as i32,
+        heads_q: p.heads_q as i32,
+        heads_kv: p.heads_kv as i32,
+        gqa_ratio: (p.heads_q / p.heads_kv) as i32,
+        seqlen_q: p.seqlen_q as i32,
+        seqlen_k: p.seqlen_k as i32,
+        window_left: p.window.0,
+        window_right: p.window.1,
+        scale_log2: scale * LOG2_E,
+        softcap_pre,
+        softcap_post,
+        num_m_blocks: num_m_blocks as i32,
+    };
+    let mut params = params;
+    if spec.layout == Layout::Thd {
+        // The batch stride is meaningless for packed tensors.
+        params.q_sb = 0;
+        params.k_sb = 0;
+        params.v_sb = 0;
+        params.o_sb = 0;
+    }
+    let dims = LaunchDims {
+        grid: (bh as u32, num_m_blocks, 1),
+        block: (plan.threads(), 1, 1),
+        smem: plan.smem_bytes,
+    };
+    Ok(Some((params, dims)))
+}
+
+/// Whether a CUDA driver library can be loaded here.
+pub fn driver_available() -> bool {
+    // SAFETY: probing only dlopens candidate library names.
+    unsafe { sys::is_culib_present() }
+}
+
+fn init_driver() -> Result<(), LaunchError> {
+    static INIT: OnceLock<Result<(), LaunchError>> = OnceLock::new();
+    INIT.get_or_init(|| {
+        if !driver_available() {
+            return Err(LaunchError::NoDriver);
+        }
+        result::init().map_err(driver_err("cuInit"))
+    })
+    .clone()
+}
+
+/// Make sure a context is current on this thread: keep the caller's (torch's,
+/// XLA's) if there is one, else retain device `ordinal`'s primary context.
+pub fn ensure_context(ordinal: i32) -> Result<usize, LaunchError> {
+    init_driver()?;
+    if let Some(ctx) = result::ctx::get_current().map_err(driver_err("cuCtxGetCurrent"))? {
+        return Ok(ctx as usize);
+    }
+    let dev = result::device::get(ordinal).map_err(driver_err("cuDeviceGet"))?;
+    // SAFETY: dev comes from cuDeviceGet; the primary context stays retained
+    // for the life of the process.
+    unsafe {
+        let ctx = result::primary_ctx::retain(dev).map_err(driver_err("cuDevicePrimaryCtxRetain"))?;
+        result::ctx::set_current(ctx).map_err(driver_err("cuCtxSetCurrent"))?;
+        Ok(ctx as usize)
+    }
+}
+
+/// Compute capability of the current context's device.
+pub fn current_compute_capability() -> Result<(i32, i32), LaunchError> {
+    init_driver()?;
+    let mut dev = 0;
+    // SAFETY: plain out-parameter queries on the current context.
+    unsafe {
+        sys::cuCtxGetDevice(&mut dev)
+            .result()
+            .map_err(driver_err("cuCtxGetDevice"))?;
+        let major = result::device::get_attribute(
+            dev,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+        )
+        .map_err(driver_err("cuDeviceGetAttribute"))?;
+        let minor = result::device::get_attribute(
+            dev,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+        )
+        .map_err(driver_err("cuDeviceGetAttribute"))?;
+        Ok((major, minor))
+    }
+}
+
+/// A kernel loaded into one CUDA context.
+#[derive(Debug)]
+pub struct LoadedKernel {
+    pub spec: AttnSpec,
+    pub plan: KernelPlan,
+    module: sys::CUmodule,
+    func: sys::CUfunction,
+}
+
+// SAFETY: CUmodule/CUfunction handles are context-bound, not thread-bound; the
+// driver API is thread-safe.
+unsafe impl Send for LoadedKernel {}
+unsafe impl Sync for LoadedKernel {}
+
+impl Drop for LoadedKernel {
+    fn drop(&mut self) {
+        // SAFETY: the module was loaded by us and is unloaded once.
+        unsafe {
+            let _ = result::module::unload(self.module);
+        }
+    }
+}
+
+/// Load a compiled kernel into the current context (memoized per context and key).
+pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
+    type Loaded = Mutex<HashMap<(usize, [u8; 32]), Arc<LoadedKernel>>>;
+    static LOADED: OnceLock<Loaded> = OnceLock::new();
+    let ctx = ensure_context(0)?;
+    let (major, minor) = current_compute_capability()?;
+    if !kernel.spec.arch.runs_on(major, minor) {
+        return Err(LaunchError::SpecMismatch {
+            spec: kernel.spec.to_string(),
+            reason: format!(
+                "built for {} but the device has compute capability {major}.{minor}; use the {} spec",
+                kernel.spec.arch,
+                Arch::from_compute_capability(major, minor)
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|| "matching".into())
+            ),
+        });
+    }
+    let map = LOADED.get_or_init(Default::default);
+    let id = (ctx, kernel.key.0);
+    if let Some(k) = map.lock().ok().and_then(|m| m.get(&id).cloned()) {
+        return Ok(k);
+    }
+    let entry = CString::new(kernel.plan.entry.clone()).map_err(|_| invalid("entry", "contains NUL"))?;
+    // SAFETY: the image is a complete CUBIN produced by NVRTC and verified by hash.
+    let loaded = unsafe {
+        let module = result::module::load_data(kernel.cubin.as_ptr() as *const c_void)
+            .map_err(driver_err("cuModuleLoadData"))?;
+        let func = match result::module::get_function(module, entry) {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = result::module::unload(module);
+                return Err(driver_err("cuModuleGetFunction")(e));
+            }
+        };
+        if let Err(e) = result::function::set_function_attribute(
+            func,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            kernel.plan.smem_bytes as i32,
+        ) {
+            let _ = result::module::unload(module);
+            return Err(driver_err("cuFuncSetAttribute")(e));
+        }
+        LoadedKernel {
+            spec: kernel.spec,
+            plan: kernel.plan.clone(),
+            module,
+            func,
+        }
+    };
+    let loaded = Arc::new(loaded);
+    if let Ok(mut m) = map.lock() {
+        m.insert(id, loaded.clone());
+    }
+    Ok(loaded)
+}
+
+/// Check the arguments and launch the forward kernel on `stream`.
+///
+/// # Safety
+/// The pointers in `args` must be device memory of the current context, large
+/// enough for the shapes and strides given, and `stream` a valid stream of
+/// that context (or null for the legacy default stream).
+pub unsafe fn launch_fwd(k: &LoadedKernel, args: &FwdArgs, stream: sys::CUstream) -> Result<(), LaunchError> {
+    let Some((mut params, dims)) = check_fwd(&k.plan, args)? else {
+        return Ok(());
+    };
+    let mut kp: [*mut c_void; 1] = [&mut params as *mut FwdParams as *mut c_void];
+    result::launch_kernel(k.func, dims.grid, dims.block, dims.smem, stream, &mut kp)
+        .map_err(driver_err("cuLaunchKernel"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::plan;
+    use crate::spec::{Arch, DType};
+
+    fn dense_args(b: u32, hq: u32, hkv: u32, sq: u32, sk: u32, d: i64) -> FwdArgs {
+        FwdArgs {
+            q: TensorArg::bshd(0x1000, sq as i64, hq as i64, d),
+            k: TensorArg::bshd(0x2000, sk as i64, hkv as i64, d),
+            v: TensorArg::bshd(0x3000, sk as i64, hkv as i64, d),
+            o: TensorArg::bshd(0x4000, sq as i64, hq as i64, d),
+            lse: 0x5000,
+            problem: FwdProblem {
+                batch: b,
+                heads_q: hq,
+                heads_kv: hkv,
+                seqlen_q: sq,
+                seqlen_k: sk,
+                window: (-1, -1),
+                ..Default::default()
+            },
+        }
+    }
+
+    fn p(mask: Mask, layout: Layout) -> KernelPlan {
+        plan(&AttnSpec::fwd(DType::Bf16, 128, mask, layout, Arch::Sm80)).unwrap()
+    }
+
+    #[test]
+    fn params_block_has_the_cuda_layout() {
+        // 7 pointers + 14 i64 + 8 i32 + 3 f32 + 1 i32, no padding.
+        assert_eq!(std::mem::size_of::<FwdParams>(), 7 * 8 + 14 * 8 + 12 * 4);
+        assert_eq!(std::mem::offset_of!(FwdParams, batch), 7 * 8 + 14 * 8);
+    }
+
+    #[test]
+    fn valid_dense_call_builds_grid_and_params() {
+        let (params, dims) = check_fwd(&p(Mask::None, Layout::Dense), &dense_args(2, 8, 2, 1000, 700, 128))
+            .unwrap()
+            .unwrap();
+        assert_eq!(dims.grid, (16, 1000u32.div_ceil(128), 1));
+        assert_eq!(params.gqa_ratio, 4);
+        assert_eq!(params.lse_sb, 8 * 1000);
+        let expect = (1.0 / 128f32.sqrt()) * LOG2_E;
+        assert!((params.scale_log2 - expect).abs() < 1e-7);
+    }
+
+    #[test]
+    fn bad_inputs_are_typed_errors() {
+        let pl = p(Mask::None, Layout::Dense);
+        let mut a = dense_args(1, 6, 4, 64, 64, 128);
+        assert!(matches!(
+            check_fwd(&pl, &a),
+            Err(LaunchError::InvalidArgument { arg: "heads_kv", .. })
+        ));
+        a = dense_args(1, 4, 4, 64, 64, 128);
+        a.q.ptr = 0x1008;
+        assert!(matches!(
+            check_fwd(&pl, &a),
+            Err(LaunchError::InvalidArgument { arg: "q", .. })
+        ));
+        a = dense_args(1, 4, 4, 64, 64, 128);
+        a.k.stride_seq = 100;
+        assert!(matches!(
+            check_fwd(&pl, &a),
+            Err(LaunchError::InvalidArgument { arg: "k", .. })
+        ));
+        a = dense_args(1, 4, 4, 64, 64, 128);
+        a.problem.softcap = 30.0;
+        assert!(matches!(check_fwd(&pl, &a), Err(LaunchError::SpecMismatch { .. })));
+        a = dense_args(1, 4, 4, 64, 64, 128);
+        a.problem.window = (16, 0);
+        assert!(matches!(check_fwd(&pl, &a), Err(LaunchError::SpecMismatch { .. })));
+        a = dense_args(1, 4, 4, 64, 64, 128);
+        a.problem.cu_seqlens_q = Some(0x100);
+        assert!(matches!(check_fwd(&pl, &a), Err(LaunchError::SpecMismatch { .. })));
+        a = dense_args(1, 4, 4, 64, 64, 128);
+        a.problem.scale = Some(f32::NAN);
+        assert!(matches!(
+            check_fwd(&pl, &a),
+            Err(LaunchError::InvalidArgument { arg: "scale", .. })
+        ));
+        a = dense_args(1, 4, 4, 64 * 128 * 65536, 64, 128);
+        assert!(matches!(check_fwd(&pl, &a), Err(LaunchError::InvalidArgument { .. })));
+        let thd = p(Mask::None, Layout::Thd);
+        let a = dense_args(1, 4, 4, 64, 64, 128);
+        assert!(matches!(check_fwd(&thd, &a), Err(LaunchError::SpecMismatch { .. })));
+    }
+
+    #[test]
+    fn empty_problems_launch_nothing() {
+        let pl = p(Mask::CausalBottomRight, Layout::Dense);
+        assert_eq!(check_fwd(&pl, &dense_args(0, 4, 4, 64, 64, 128)).unwrap(), None);
+        assert_eq!(check_fwd(&pl, &dense_args(2, 4, 4, 0, 64, 128)).unwrap(), None);
+    }
+}

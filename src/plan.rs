@@ -1,0 +1,280 @@
+//! Stage 2 of the pipeline: the **planner**, a pure function spec → [`KernelPlan`].
+//!
+//! The plan fixes everything the template needs besides the spec itself: which
+//! template, tile sizes, warps, pipeline depth, shared memory, extra compile
+//! options, the entry symbol and the grid rule. It records why each choice was
+//! made (`reasons`), which `attnforge plan SPEC` prints.
+//!
+//! Planning is deterministic and does no I/O: the same spec always gives the
+//! same plan, and the plan is part of the cache key.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::PlanError;
+use crate::spec::{Arch, AttnSpec, Direction};
+
+/// Which template file renders the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Template {
+    /// FlashAttention-2-style forward on the sm80 instruction path:
+    /// `mma.sync` m16n8k16, `ldmatrix`, `cp.async`. Runs on sm80..sm90a.
+    FwdSm80,
+}
+
+impl Template {
+    /// File name under `templates/`.
+    pub const fn file(self) -> &'static str {
+        match self {
+            Template::FwdSm80 => "fwd_sm80.cu",
+        }
+    }
+}
+
+/// How the launcher derives the grid from run-time shapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum GridRule {
+    /// `grid.x = batch * heads_q` (fits 2^31-1), `grid.y = ceil(max_seqlen_q / block_m)`
+    /// (≤ 65535). Blocks walk `y` in reverse so that, under a causal mask,
+    /// the longest query tiles start first.
+    BatchHeadsByQueryTiles,
+}
+
+/// Everything the template and the launcher need, besides the spec.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct KernelPlan {
+    pub spec: AttnSpec,
+    pub template: Template,
+    /// Kernel entry symbol (`extern "C"`), unique per spec.
+    pub entry: String,
+    /// Query rows per block.
+    pub block_m: u32,
+    /// Key/value rows per main-loop step.
+    pub block_n: u32,
+    pub num_warps: u32,
+    /// 16-row MMA tiles per warp (block_m = 16 · m_tiles_per_warp · num_warps).
+    pub m_tiles_per_warp: u32,
+    /// K/V shared-memory buffers (cp.async pipeline depth).
+    pub stages: u32,
+    /// Head dims rounded up to the MMA k-step (16); the pad is zero-filled.
+    pub head_dim_qk_padded: u32,
+    pub head_dim_v_padded: u32,
+    /// Shared-memory row pitch in elements (padded to avoid ldmatrix bank conflicts).
+    pub smem_pitch_qk: u32,
+    pub smem_pitch_v: u32,
+    /// Dynamic shared memory per block, bytes.
+    pub smem_bytes: u32,
+    /// `__launch_bounds__` min blocks per SM.
+    pub min_blocks_per_sm: u32,
+    /// Options added after the compile stage's base options, in this order.
+    pub compile_options: Vec<String>,
+    pub grid: GridRule,
+    /// One line per decision, for `attnforge plan`.
+    pub reasons: Vec<String>,
+}
+
+impl KernelPlan {
+    pub fn threads(&self) -> u32 {
+        self.num_warps * 32
+    }
+}
+
+fn round_up(x: u32, m: u32) -> u32 {
+    x.div_ceil(m) * m
+}
+
+/// Entry symbol for a spec: the canonical string with `.`/`-` turned into `_`.
+pub fn entry_name(spec: &AttnSpec) -> String {
+    let s: String = spec
+        .to_string()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    format!("attnforge_{s}")
+}
+
+/// Shared memory of the sm80 forward: Q tile once, K and V tiles `stages` deep.
+fn fwd_smem(block_m: u32, block_n: u32, stages: u32, pitch_qk: u32, pitch_v: u32) -> u32 {
+    2 * (block_m * pitch_qk + stages * block_n * (pitch_qk + pitch_v))
+}
+
+/// Plan a spec. Pure and deterministic.
+pub fn plan(spec: &AttnSpec) -> Result<KernelPlan, PlanError> {
+    spec.validate().map_err(|e| PlanError {
+        spec: spec.to_string(),
+        reason: e.to_string(),
+    })?;
+    match spec.direction {
+        Direction::Fwd => Ok(plan_fwd_sm80(spec)),
+        Direction::Bwd => Err(PlanError {
+            spec: spec.to_string(),
+            reason: "the backward template is not written yet; route backward to another backend".into(),
+        }),
+    }
+}
+
+fn plan_fwd_sm80(spec: &AttnSpec) -> KernelPlan {
+    let mut reasons = Vec::new();
+    let dqk = round_up(spec.head_dim_qk as u32, 16);
+    let dv = round_up(spec.head_dim_v as u32, 16);
+    if dqk != spec.head_dim_qk as u32 || dv != spec.head_dim_v as u32 {
+        reasons.push(format!(
+            "head dims {}/{} padded to {dqk}/{dv} in shared memory (mma k-step is 16; pad is zero-filled)",
+            spec.head_dim_qk, spec.head_dim_v
+        ));
+    }
+    // A 16-byte pad per row makes the 8 rows of every ldmatrix land in 8
+    // distinct bank groups (row pitch in 16-byte units is odd).
+    let pitch_qk = dqk + 8;
+    let pitch_v = dv + 8;
+    let dmax = dqk.max(dv);
+    let template = Template::FwdSm80;
+    if spec.arch == Arch::Sm90a {
+        reasons.push("sm90a: using the sm80 instruction path (mma.sync); the wgmma template is not written yet".into());
+    }
+
+    // Warps own 16-row MMA tiles; a wider block_n amortizes the softmax
+    // bookkeeping, a narrower one keeps the S/P registers in bounds.
+    let (num_warps, m_tiles_per_warp, mut block_n) = if dmax <= 64 {
+        (4, 2, 64)
+    } else if dmax <= 128 {
+        (8, 1, 64)
+    } else {
+        (4, 1, 64)
+    };
+    let block_m = 16 * m_tiles_per_warp * num_warps;
+    reasons.push(format!(
+        "d={dmax}: {num_warps} warps x {m_tiles_per_warp} m16 tile(s) -> block_m={block_m}; O accumulators {} f32 regs/thread",
+        m_tiles_per_warp * dv / 2
+    ));
+
+    let stages = 2;
+    let limit = spec.arch.max_smem_per_block();
+    while block_n > 16 && fwd_smem(block_m, block_n, stages, pitch_qk, pitch_v) > limit {
+        block_n /= 2;
+    }
+    let smem_bytes = fwd_smem(block_m, block_n, stages, pitch_qk, pitch_v);
+    reasons.push(format!(
+        "block_n={block_n}, {stages}-stage cp.async K/V pipeline: {smem_bytes} B shared memory (arch limit {limit} B)"
+    ));
+    let min_blocks_per_sm = 1;
+
+    KernelPlan {
+        spec: *spec,
+        template,
+        entry: entry_name(spec),
+        block_m,
+        block_n,
+        num_warps,
+        m_tiles_per_warp,
+        stages,
+        head_dim_qk_padded: dqk,
+        head_dim_v_padded: dv,
+        smem_pitch_qk: pitch_qk,
+        smem_pitch_v: pitch_v,
+        smem_bytes,
+        min_blocks_per_sm,
+        compile_options: Vec::new(),
+        grid: GridRule::BatchHeadsByQueryTiles,
+        reasons,
+    }
+}
+
+impl fmt::Display for KernelPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "spec        {}", self.spec)?;
+        writeln!(f, "template    {}", self.template.file())?;
+        writeln!(f, "entry       {}", self.entry)?;
+        writeln!(
+            f,
+            "tile        block_m={} block_n={} warps={} ({} threads) m_tiles/warp={} stages={}",
+            self.block_m,
+            self.block_n,
+            self.num_warps,
+            self.threads(),
+            self.m_tiles_per_warp,
+            self.stages
+        )?;
+        writeln!(
+            f,
+            "head dims   qk={} (padded {}) v={} (padded {})",
+            self.spec.head_dim_qk, self.head_dim_qk_padded, self.spec.head_dim_v, self.head_dim_v_padded
+        )?;
+        writeln!(f, "smem        {} B dynamic", self.smem_bytes)?;
+        writeln!(f, "grid        {:?}", self.grid)?;
+        writeln!(f, "options     {:?}", self.compile_options)?;
+        writeln!(f, "why:")?;
+        for r in &self.reasons {
+            writeln!(f, "  - {r}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{DType, Layout, Mask};
+
+    fn all_fwd_specs() -> Vec<AttnSpec> {
+        let mut v = Vec::new();
+        for &arch in Arch::ALL {
+            for &dtype in DType::ALL {
+                for d in (8..=256).step_by(8) {
+                    for &mask in Mask::ALL {
+                        for &layout in Layout::ALL {
+                            v.push(AttnSpec::fwd(dtype, d as u16, mask, layout, arch));
+                        }
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn plan_is_deterministic_and_fits_the_arch() {
+        for spec in all_fwd_specs() {
+            let a = plan(&spec).unwrap();
+            let b = plan(&spec).unwrap();
+            assert_eq!(a, b);
+            assert!(
+                a.smem_bytes <= spec.arch.max_smem_per_block(),
+                "{spec}: {}",
+                a.smem_bytes
+            );
+            assert_eq!(a.block_m, 16 * a.m_tiles_per_warp * a.num_warps);
+            assert!(a.head_dim_qk_padded.is_multiple_of(16) && a.head_dim_qk_padded >= spec.head_dim_qk as u32);
+            assert!(a.block_n.is_multiple_of(16) && a.block_n >= 16);
+            assert!(!a.reasons.is_empty());
+        }
+    }
+
+    #[test]
+    fn entry_names_are_unique_identifiers() {
+        let specs = all_fwd_specs();
+        let mut names: Vec<String> = specs.iter().map(entry_name).collect();
+        for n in &names {
+            assert!(n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'), "{n}");
+        }
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), specs.len());
+    }
+
+    #[test]
+    fn backward_is_a_typed_refusal() {
+        let spec: AttnSpec = "bwd.bf16.d128.none.dense.sm80".parse().unwrap();
+        let e = plan(&spec).unwrap_err();
+        assert!(e.to_string().contains("backward"), "{e}");
+    }
+
+    #[test]
+    fn d128_plan_matches_the_documented_choice() {
+        let spec = AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Dense, Arch::Sm80);
+        let p = plan(&spec).unwrap();
+        assert_eq!((p.block_m, p.block_n, p.num_warps), (128, 64, 8));
+        assert_eq!(p.smem_pitch_qk, 136);
+    }
+}
