@@ -50,6 +50,9 @@ gpu-bundle:
 	f=$$($(CARGO) test --release --test gpu_fwd --no-run --message-format=json 2>/dev/null \
 	   | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"]=="gpu_fwd"]'); \
 	cp "$$f" .gpu/gpu_fwd
+	f=$$($(CARGO) test --release --test gpu_bwd --no-run --message-format=json 2>/dev/null \
+	   | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"]=="gpu_bwd"]'); \
+	cp "$$f" .gpu/gpu_bwd
 	@ls -la .gpu
 
 gpu-test:

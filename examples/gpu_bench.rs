@@ -70,6 +70,94 @@ fn time_ms(mut f: impl FnMut(), iters: usize, reps: usize) -> f64 {
     v[v.len() / 2]
 }
 
+/// Build a kernel for `spec` with an explicit tile shape (tuning), or None when it spills.
+fn build_variant(spec: &AttnSpec, tiles: attnforge::plan::FwdTiles) -> Option<attnforge::CompiledKernel> {
+    use attnforge::compile::Nvrtc;
+    use attnforge::jit::{cache_key, compile_options, compile_plan};
+    let plan = attnforge::plan::plan_fwd_sm80_with(spec, tiles);
+    let rendered = attnforge::render::render(&plan).ok()?;
+    let nvrtc = Nvrtc::get().ok()?;
+    let key = cache_key(&plan, &rendered, &nvrtc.version_string(), &compile_options(&plan));
+    let (cubin, meta) = compile_plan(&plan, &rendered, nvrtc).ok()?;
+    if meta.spill_stores + meta.spill_loads > 0 {
+        println!(
+            "{spec} {tiles:?}: spills {} B, skipped",
+            meta.spill_stores + meta.spill_loads
+        );
+        return None;
+    }
+    Some(attnforge::CompiledKernel {
+        spec: *spec,
+        plan,
+        key,
+        cubin,
+        meta,
+        origin: attnforge::Origin::Compiled,
+    })
+}
+
+/// Time tile-shape variants per head dim at seqlen 8k (tuning; `--tune`).
+fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
+    use attnforge::plan::FwdTiles;
+    let t = |num_warps, m_tiles_per_warp, block_n| FwdTiles {
+        num_warps,
+        m_tiles_per_warp,
+        block_n,
+    };
+    let variants: &[(usize, &[FwdTiles])] = &[
+        (64, &[t(4, 2, 64), t(4, 1, 64), t(8, 1, 64), t(4, 1, 128), t(4, 2, 32)]),
+        (128, &[t(8, 1, 64), t(4, 1, 64), t(4, 2, 32), t(8, 1, 32), t(4, 1, 128)]),
+        (256, &[t(4, 1, 32), t(4, 1, 64), t(8, 1, 32), t(8, 1, 16), t(4, 1, 16)]),
+    ];
+    let s = 8192;
+    for (d, vs) in variants {
+        let (d, h) = (*d, 2048 / *d);
+        let b = 2;
+        let n = b * h * s * d;
+        let (q, kk, v) = (Dev::random(n, rng), Dev::random(n, rng), Dev::random(n, rng));
+        let o = Dev::zeroed(n * 2);
+        let lse = Dev::zeroed(b * h * s * 4);
+        let ta = |p| TensorArg::bhsd(p, s as i64, h as i64, d as i64);
+        for causal in [false, true] {
+            let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
+            let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, arch);
+            for tiles in vs.iter() {
+                let Some(k) = build_variant(&spec, *tiles) else {
+                    continue;
+                };
+                let lk = launch::load(&k).expect("load");
+                let fa = FwdArgs {
+                    q: ta(q.0),
+                    k: ta(kk.0),
+                    v: ta(v.0),
+                    o: ta(o.0),
+                    lse: lse.0,
+                    problem: FwdProblem {
+                        batch: b as u32,
+                        heads_q: h as u32,
+                        heads_kv: h as u32,
+                        seqlen_q: s as u32,
+                        seqlen_k: s as u32,
+                        window: (-1, -1),
+                        ..Default::default()
+                    },
+                };
+                // SAFETY: buffers sized for the problem.
+                let ms = time_ms(
+                    || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") },
+                    5,
+                    5,
+                );
+                let tf = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 } / ms / 1e9;
+                println!(
+                    "tune d={d:<3} causal={causal:<5} warps={} mt={} bn={:<3} regs={:<3} smem={:<6} {tf:6.1} TFLOP/s",
+                    tiles.num_warps, tiles.m_tiles_per_warp, k.plan.block_n, k.meta.registers, k.plan.smem_bytes
+                );
+            }
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
@@ -82,6 +170,10 @@ fn main() {
     let cc = launch::current_compute_capability().expect("cc");
     let arch = Arch::from_compute_capability(cc.0, cc.1).expect("supported GPU");
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    if args.iter().any(|a| a == "--tune") {
+        tune(arch, &mut rng);
+        return;
+    }
     let mut rows = Vec::new();
     let seqs: &[usize] = if quick {
         &[2048, 16384]

@@ -25,8 +25,13 @@ for t in .gpu/gpu_fwd .gpu/gpu_bwd; do
   "$t" 2>&1 | tee "$out/$(basename "$t").log" || status=1
 done
 if [ "${1:-}" = "--sanitize" ] && command -v compute-sanitizer >/dev/null; then
-  echo "== compute-sanitizer memcheck (subset)"
-  ATTNFORGE_GPU_CASES="${ATTNFORGE_SANITIZE_CASES:-thd}" compute-sanitizer --tool memcheck --error-exitcode 9 \
-    .gpu/gpu_fwd 2>&1 | tail -n 30 | tee "$out/memcheck.log" || status=1
+  for t in .gpu/gpu_fwd .gpu/gpu_bwd; do
+    [ -x "$t" ] || continue
+    log="$out/memcheck.log"; [ "$t" = .gpu/gpu_fwd ] || log="$out/memcheck-$(basename "$t").log"
+    echo "== compute-sanitizer memcheck (subset): $t"
+    ATTNFORGE_BWD_BENCH= ATTNFORGE_GPU_CASES="${ATTNFORGE_SANITIZE_CASES:-thd}" \
+      compute-sanitizer --tool memcheck --error-exitcode 9 \
+      "$t" 2>&1 | tail -n 30 | tee "$log" || status=1
+  done
 fi
 exit $status

@@ -15,15 +15,18 @@
 //!    loader hands it back instead of searching `LD_LIBRARY_PATH` (where it
 //!    usually is not). Both handles live in a process-wide static and are never
 //!    closed. Because libnvrtc is loaded under its soname, a later
-//!    `dlopen("libnvrtc.so.13")` — which is what cudarc's lazy loader ends up
-//!    doing — returns the same object ([`Nvrtc::cudarc_agrees`] checks this);
+//!    `dlopen("libnvrtc.so.13")` returns the same object
+//!    ([`Nvrtc::soname_resolves_here`]); so does cudarc's lazy loader unless a
+//!    different `libnvrtc.so` is on the linker path, a name cudarc tries first
+//!    ([`Nvrtc::cudarc_agrees`]);
 //! 3. calls NVRTC through function pointers resolved from **our** handle (typed
 //!    here, error codes read as plain integers). cudarc's `nvrtc::sys` loader is
 //!    never touched by compilation, so it can neither panic ("library not
 //!    found") nor pick up a different `libnvrtc.so` that happens to be on the
 //!    search path;
 //! 4. compiles to CUBIN (with `--ptxas-options=-v`, whose output
-//!    [`parse_ptxas_log`] turns into [`KernelResources`]) or to PTX.
+//!    [`parse_ptxas_log`] turns into [`KernelResources`]) or to PTX, always
+//!    with `--no-cache` (see [`base_options_for`]).
 //!
 //! Everything is thread-safe: [`Nvrtc::get`] initialises once (a `OnceLock`),
 //! and each [`Nvrtc::compile`] call owns its NVRTC program, so compiles may run
@@ -599,6 +602,21 @@ fn search(env: &SearchEnv, mut visit: impl FnMut(Candidate) -> ControlFlow<()>) 
             })),
         }
     }
+}
+
+/// The first library file discovery would try, found with `stat` calls only
+/// (no loading) when it is in a folder; stops at the first hit. Used to key
+/// the NVRTC version memo without loading NVRTC on a cache hit.
+pub fn locate_first() -> Option<PathBuf> {
+    let mut found = None;
+    search(&SearchEnv::from_process(), |c| match c.outcome {
+        Outcome::Found(p) | Outcome::Loaded(p) => {
+            found = Some(p);
+            ControlFlow::Break(())
+        }
+        _ => ControlFlow::Continue(()),
+    });
+    found
 }
 
 fn discover_in(env: &SearchEnv) -> Discovery {
@@ -1283,7 +1301,13 @@ pub fn base_options(arch: &str) -> Vec<String> {
 /// 2. `-std=c++17`: pinned so a future NVRTC default cannot change the dialect.
 /// 3. `-default-device`: functions without `__host__`/`__device__` are device
 ///    functions, so header-free helpers need no annotations.
-/// 4. `--ptxas-options=-v` (CUBIN only): ptxas writes per-kernel registers,
+/// 4. `--no-cache`: turn off NVRTC's own result cache (CUDA 12.9+, in the
+///    driver's compute cache, active whenever libcuda is present). On a hit
+///    NVRTC skips ptxas, so the log has no `-v` lines and the resources would
+///    be lost (seen on the H200: an empty log on the second compile of the same
+///    source). attnforge has its own cache; a lookup also initialises the
+///    driver inside NVRTC.
+/// 5. `--ptxas-options=-v` (CUBIN only): ptxas writes per-kernel registers,
 ///    spills, stack, smem and cmem into the log → [`parse_ptxas_log`].
 ///
 /// Deliberately absent: `--use_fast_math` (kernels use explicit approximate PTX
@@ -1301,6 +1325,7 @@ pub fn base_options_for(arch: &str, emit: Emit) -> Vec<String> {
         format!("--gpu-architecture={gpu}"),
         "-std=c++17".to_string(),
         "-default-device".to_string(),
+        "--no-cache".to_string(),
     ];
     if emit == Emit::Cubin {
         v.push("--ptxas-options=-v".to_string());
@@ -1686,12 +1711,18 @@ mod tests {
                 "--gpu-architecture=sm_90a",
                 "-std=c++17",
                 "-default-device",
+                "--no-cache",
                 "--ptxas-options=-v"
             ]
         );
         assert_eq!(
             base_options_for("sm_90a", Emit::Ptx),
-            ["--gpu-architecture=compute_90a", "-std=c++17", "-default-device"]
+            [
+                "--gpu-architecture=compute_90a",
+                "-std=c++17",
+                "-default-device",
+                "--no-cache"
+            ]
         );
         assert_eq!(base_options_for("sm_86", Emit::Ptx)[0], "--gpu-architecture=compute_86");
         let extra = vec!["-DB=2".to_string(), "-DA=1".to_string()];
@@ -1700,8 +1731,8 @@ mod tests {
             ..CompileRequest::new("", "x.cu", "sm_80")
         };
         let eff = req.effective_options();
-        assert_eq!(&eff[..4], base_options("sm_80").as_slice());
-        assert_eq!(&eff[4..], ["-DB=2", "-DA=1"]);
+        assert_eq!(&eff[..5], base_options("sm_80").as_slice());
+        assert_eq!(&eff[5..], ["-DB=2", "-DA=1"]);
     }
 
     #[test]
@@ -1880,7 +1911,10 @@ extern "C" __global__ void mma_probe(const unsigned* __restrict__ a,
     fn nvrtc() -> Option<&'static Nvrtc> {
         match Nvrtc::get() {
             Ok(n) => Some(n),
-            Err(CompileError::NotFound { .. }) => {
+            Err(e @ CompileError::NotFound { .. }) => {
+                if std::env::var_os("ATTNFORGE_REQUIRE_NVRTC").is_some_and(|v| v != "0") {
+                    panic!("ATTNFORGE_REQUIRE_NVRTC is set but NVRTC is missing: {e}");
+                }
                 println!(
                     "skipped: NVRTC not found (set ATTNFORGE_NVRTC=/path/to/libnvrtc.so.13 \
                      or run `make nvrtc`)"
@@ -2056,6 +2090,9 @@ extern "C" __global__ void mma_probe(const unsigned* __restrict__ a,
             let out = nv
                 .compile(&CompileRequest::new(&src, "mma_timing.cu", "sm_90a"))
                 .unwrap();
+            // Every compile of the same source still reports resources
+            // (NVRTC's own cache is off; a hit there would skip ptxas).
+            assert_eq!(out.resources.len(), 1, "log: {:?}", out.log);
             times.push(out.elapsed);
         }
         println!("compile mma_timing.cu sm_90a cubin, 3 runs: {times:?}");

@@ -56,6 +56,25 @@ pub fn cache_key(plan: &KernelPlan, rendered: &Rendered, nvrtc_version: &str, op
     kb.finish()
 }
 
+/// The alias of a cache key: the same inputs minus the rendered source, which
+/// is a pure function of the plan and the templates (both covered here). It
+/// lets a new process find its CUBIN without rendering; the content key
+/// itself still covers the source.
+pub fn alias_key(plan: &KernelPlan, nvrtc_version: &str, options: &[String]) -> CacheKey {
+    let mut kb = KeyBuilder::new()
+        .field("alias", "1")
+        .field("spec", plan.spec.to_string())
+        .field("plan", serde_json::to_string(plan).unwrap_or_default())
+        .field("templates", templates_fingerprint())
+        .field("nvrtc", nvrtc_version)
+        .field("arch", plan.spec.arch.nvrtc_arch())
+        .field("options.len", options.len().to_string());
+    for o in options {
+        kb = kb.field("option", o);
+    }
+    kb.finish()
+}
+
 /// The exact NVRTC option list for a plan (the compile stage's base options,
 /// then the plan's), as the cache key covers it.
 pub fn compile_options(plan: &KernelPlan) -> Vec<String> {
@@ -69,6 +88,7 @@ pub struct Jit {
     cache: Cache,
     memo: RwLock<HashMap<AttnSpec, Arc<CompiledKernel>>>,
     building: Mutex<HashMap<AttnSpec, Arc<Mutex<()>>>>,
+    nvrtc_version: OnceLock<String>,
 }
 
 /// What a build reports besides the kernel (for the CLI summary).
@@ -86,6 +106,7 @@ impl Jit {
             cache,
             memo: RwLock::new(HashMap::new()),
             building: Mutex::new(HashMap::new()),
+            nvrtc_version: OnceLock::new(),
         }
     }
 
@@ -98,6 +119,81 @@ impl Jit {
 
     pub fn cache(&self) -> &Cache {
         &self.cache
+    }
+
+    /// Alias files live beside the blob store in every root: `<root>/alias-v1/<alias>`
+    /// holds the hex content key. Read-only roots first, like the cache.
+    fn alias_dirs(&self) -> Vec<std::path::PathBuf> {
+        self.cache
+            .roots()
+            .into_iter()
+            .filter(|r| r.path.as_os_str() != attnforge_cache::MEMORY_ROOT)
+            .map(|r| r.path.join("alias-v1"))
+            .collect()
+    }
+
+    fn read_alias(&self, alias: &CacheKey) -> Option<CacheKey> {
+        let name = alias.to_string();
+        self.alias_dirs()
+            .into_iter()
+            .find_map(|d| std::fs::read_to_string(d.join(&name)).ok()?.trim().parse().ok())
+    }
+
+    /// Best effort: a missing alias only costs a render on the next new process.
+    fn write_alias(&self, alias: &CacheKey, key: &CacheKey) {
+        let Some(root) = self.cache.user_root() else { return };
+        let dir = root.join("alias-v1");
+        let name = alias.to_string();
+        if std::fs::read_to_string(dir.join(&name)).is_ok_and(|k| k.trim() == key.to_string()) {
+            return;
+        }
+        let tmp = dir.join(format!(".tmp-{}-{name}", std::process::id()));
+        let ok = std::fs::create_dir_all(&dir).is_ok()
+            && std::fs::write(&tmp, key.to_string()).is_ok()
+            && std::fs::rename(&tmp, dir.join(&name)).is_ok();
+        if !ok {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+
+    /// NVRTC's version for cache keys. Loading libnvrtc (110 MB) costs 6-10 ms,
+    /// more than a whole disk hit may take, so the version is remembered per
+    /// library file (path, size, mtime) in `<user root>/nvrtc-versions.json`
+    /// and NVRTC is loaded only on a miss of that memo or of the kernel cache.
+    fn nvrtc_version(&self) -> Result<String, Error> {
+        if let Some(v) = self.nvrtc_version.get() {
+            return Ok(v.clone());
+        }
+        let identity = crate::compile::locate_first().and_then(|p| {
+            let m = std::fs::metadata(&p).ok()?;
+            let mtime = m.modified().ok()?.duration_since(UNIX_EPOCH).ok()?.as_nanos();
+            Some(format!("{}:{}:{mtime}", p.display(), m.len()))
+        });
+        let memo_file = self.cache.user_root().map(|r| r.join("nvrtc-versions.json"));
+        let mut known: HashMap<String, String> = memo_file
+            .as_ref()
+            .and_then(|f| std::fs::read(f).ok())
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let version = match identity.as_ref().and_then(|id| known.get(id)) {
+            Some(v) => v.clone(),
+            None => {
+                let v = Nvrtc::get()?.version_string();
+                if let (Some(id), Some(file)) = (identity, memo_file) {
+                    known.insert(id, v.clone());
+                    // Best effort, published by rename: a lost update only costs a load.
+                    let tmp = file.with_extension(format!("tmp-{}", std::process::id()));
+                    if let Ok(bytes) = serde_json::to_vec(&known) {
+                        if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, &file).is_err() {
+                            let _ = std::fs::remove_file(&tmp);
+                        }
+                    }
+                }
+                v
+            }
+        };
+        let _ = self.nvrtc_version.set(version.clone());
+        Ok(version)
     }
 
     /// Memo lookup only (the hot path).
@@ -143,13 +239,34 @@ impl Jit {
 
     fn build_uncached(&self, spec: &AttnSpec) -> Result<BuildReport, Error> {
         let plan = plan(spec)?;
-        let rendered = render(&plan)?;
-        let nvrtc = Nvrtc::get()?;
         let options = compile_options(&plan);
-        let key = cache_key(&plan, &rendered, &nvrtc.version_string(), &options);
+        let nvrtc_version = self.nvrtc_version()?;
+        // Fast path of a new process: the alias names the content key without
+        // rendering (tera's first render costs ~4 ms).
+        let alias = alias_key(&plan, &nvrtc_version, &options);
+        if let Some(key) = self.read_alias(&alias) {
+            if let Lookup::Hit { cubin, meta, .. } = self.cache.get(&key) {
+                let kernel = Arc::new(CompiledKernel {
+                    spec: *spec,
+                    plan,
+                    key,
+                    cubin,
+                    meta,
+                    origin: Origin::Disk,
+                });
+                return Ok(BuildReport {
+                    kernel,
+                    origin: Origin::Disk,
+                    repaired: None,
+                });
+            }
+        }
+        let rendered = render(&plan)?;
+        let key = cache_key(&plan, &rendered, &nvrtc_version, &options);
         let mut repaired = None;
         match self.cache.get(&key) {
             Lookup::Hit { cubin, meta, .. } => {
+                self.write_alias(&alias, &key);
                 let kernel = Arc::new(CompiledKernel {
                     spec: *spec,
                     plan,
@@ -171,8 +288,9 @@ impl Jit {
             }
             Lookup::Miss => {}
         }
-        let (cubin, meta) = compile_plan(&plan, &rendered, nvrtc)?;
+        let (cubin, meta) = compile_plan(&plan, &rendered, Nvrtc::get()?)?;
         self.cache.put(&key, &cubin, &meta)?;
+        self.write_alias(&alias, &key);
         let kernel = Arc::new(CompiledKernel {
             spec: *spec,
             plan,

@@ -423,6 +423,41 @@ pub struct LoadedKernel {
     pub plan: KernelPlan,
     module: sys::CUmodule,
     func: sys::CUfunction,
+    /// Other entry points of the module (backward CUBINs), resolved on first use.
+    others: Mutex<HashMap<String, usize>>,
+}
+
+impl LoadedKernel {
+    /// The entry point `name` of this module: the plan's `entry` is the one
+    /// [`load`] resolved; any other (the backward's `_pre`, `_dq`, ...) is
+    /// looked up once, given the plan's max-dynamic-shared-memory attribute,
+    /// and cached.
+    pub fn function(&self, name: &str) -> Result<sys::CUfunction, LaunchError> {
+        if name == self.plan.entry {
+            return Ok(self.func);
+        }
+        let mut others = self
+            .others
+            .lock()
+            .map_err(|_| invalid("entry", "function cache poisoned"))?;
+        if let Some(&f) = others.get(name) {
+            return Ok(f as sys::CUfunction);
+        }
+        let cname = CString::new(name).map_err(|_| invalid("entry", "contains NUL"))?;
+        // SAFETY: the module is loaded in this context for the life of `self`.
+        let func = unsafe {
+            let f = result::module::get_function(self.module, cname).map_err(driver_err("cuModuleGetFunction"))?;
+            result::function::set_function_attribute(
+                f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                self.plan.smem_bytes as i32,
+            )
+            .map_err(driver_err("cuFuncSetAttribute"))?;
+            f
+        };
+        others.insert(name.to_string(), func as usize);
+        Ok(func)
+    }
 }
 
 // SAFETY: CUmodule/CUfunction handles are context-bound, not thread-bound; the
@@ -487,6 +522,7 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
             plan: kernel.plan.clone(),
             module,
             func,
+            others: Mutex::new(HashMap::new()),
         }
     };
     let loaded = Arc::new(loaded);

@@ -5,10 +5,13 @@
 //! [`launch`]; [`jit`] strings the stages together behind
 //! [`get_or_build`]. See `docs/ARCHITECTURE.md`.
 
+pub mod capi;
 pub mod compile;
+pub mod dispatch;
 pub mod error;
 pub mod jit;
 pub mod launch;
+pub mod launch_bwd;
 pub mod matrix;
 pub mod plan;
 pub mod reference;

@@ -84,7 +84,15 @@ fn dims(h: &HeadDim) -> Result<(u16, u16), SpecError> {
 /// Parse a matrix and expand it for the given archs, in a stable order with
 /// duplicates removed.
 pub fn expand(toml_text: &str, archs: &[Arch]) -> Result<Vec<AttnSpec>, MatrixError> {
-    let file: MatrixFile = toml::from_str(toml_text).map_err(|e| MatrixError::Toml(e.to_string()))?;
+    let file: MatrixFile = toml::from_str(toml_text).map_err(|e| {
+        let line = e
+            .span()
+            .map(|s| toml_text[..s.start.min(toml_text.len())].lines().count().max(1));
+        MatrixError::Toml(match line {
+            Some(l) => format!("line {l}: {}", e.message()),
+            None => e.message().to_string(),
+        })
+    })?;
     let mut out: Vec<AttnSpec> = Vec::new();
     let mut push = |s: AttnSpec| -> Result<(), SpecError> {
         s.validate()?;

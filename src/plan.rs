@@ -13,7 +13,10 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::error::PlanError;
-use crate::spec::{Arch, AttnSpec, Direction};
+
+#[path = "plan_bwd.rs"]
+pub mod plan_bwd;
+use crate::spec::{Arch, AttnSpec, Direction, Layout, Mask};
 
 /// Which template file renders the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -21,6 +24,9 @@ pub enum Template {
     /// FlashAttention-2-style forward on the sm80 instruction path:
     /// `mma.sync` m16n8k16, `ldmatrix`, `cp.async`. Runs on sm80..sm90a.
     FwdSm80,
+    /// FlashAttention-2-style backward on the same instruction path; one
+    /// CUBIN with several entry points (see [`plan_bwd`]).
+    BwdSm80,
 }
 
 impl Template {
@@ -28,6 +34,7 @@ impl Template {
     pub const fn file(self) -> &'static str {
         match self {
             Template::FwdSm80 => "fwd_sm80.cu",
+            Template::BwdSm80 => "bwd_sm80.cu",
         }
     }
 }
@@ -72,6 +79,10 @@ pub struct KernelPlan {
     pub grid: GridRule,
     /// One line per decision, for `attnforge plan`.
     pub reasons: Vec<String>,
+    /// Backward plans only: the tiles of the backward kernels (the fields
+    /// above describe its main kernel). Absent from forward plans' JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bwd: Option<plan_bwd::BwdPlan>,
 }
 
 impl KernelPlan {
@@ -107,14 +118,57 @@ pub fn plan(spec: &AttnSpec) -> Result<KernelPlan, PlanError> {
     })?;
     match spec.direction {
         Direction::Fwd => Ok(plan_fwd_sm80(spec)),
-        Direction::Bwd => Err(PlanError {
+        Direction::Bwd => plan_bwd::plan_bwd_sm80(spec).ok_or_else(|| PlanError {
             spec: spec.to_string(),
-            reason: "the backward template is not written yet; route backward to another backend".into(),
+            reason: "no backward tile shape fits this arch's shared memory and registers".into(),
         }),
     }
 }
 
+/// Tile shape of the sm80 forward: warps per block, 16-row MMA tiles per
+/// warp, keys per main-loop step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct FwdTiles {
+    pub num_warps: u32,
+    pub m_tiles_per_warp: u32,
+    pub block_n: u32,
+}
+
+/// The tile shape the planner picks for a spec (see `docs/kernels.md` for the
+/// measurements behind it).
+pub fn default_fwd_tiles(spec: &AttnSpec) -> FwdTiles {
+    let dmax = round_up(spec.head_dim_qk.max(spec.head_dim_v) as u32, 16);
+    // Measured on the H200 (docs/kernels.md, fwd tuning): two m16 tiles per
+    // warp halve the shared-memory reads of K and V per MMA and win where
+    // registers allow it; the ragged and windowed d128 variants keep more
+    // offsets and bounds live and would spill at mt=2.
+    let d128_fits_mt2 = spec.layout == Layout::Dense && spec.mask != Mask::SlidingWindow;
+    let (num_warps, m_tiles_per_warp, block_n) = if dmax <= 64 {
+        (4, 2, 64)
+    } else if dmax <= 128 {
+        if d128_fits_mt2 {
+            (4, 2, 32)
+        } else {
+            (4, 1, 64)
+        }
+    } else {
+        (4, 1, 32)
+    };
+    FwdTiles {
+        num_warps,
+        m_tiles_per_warp,
+        block_n,
+    }
+}
+
 fn plan_fwd_sm80(spec: &AttnSpec) -> KernelPlan {
+    plan_fwd_sm80_with(spec, default_fwd_tiles(spec))
+}
+
+/// The sm80 forward plan with a given tile shape (for tuning sweeps; the
+/// planner uses [`default_fwd_tiles`]). `block_n` shrinks to fit the arch's
+/// shared memory.
+pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
     let mut reasons = Vec::new();
     let dqk = round_up(spec.head_dim_qk as u32, 16);
     let dv = round_up(spec.head_dim_v as u32, 16);
@@ -136,13 +190,11 @@ fn plan_fwd_sm80(spec: &AttnSpec) -> KernelPlan {
 
     // Warps own 16-row MMA tiles; a wider block_n amortizes the softmax
     // bookkeeping, a narrower one keeps the S/P registers in bounds.
-    let (num_warps, m_tiles_per_warp, mut block_n) = if dmax <= 64 {
-        (4, 2, 64)
-    } else if dmax <= 128 {
-        (8, 1, 64)
-    } else {
-        (4, 1, 64)
-    };
+    let FwdTiles {
+        num_warps,
+        m_tiles_per_warp,
+        mut block_n,
+    } = tiles;
     let block_m = 16 * m_tiles_per_warp * num_warps;
     reasons.push(format!(
         "d={dmax}: {num_warps} warps x {m_tiles_per_warp} m16 tile(s) -> block_m={block_m}; O accumulators {} f32 regs/thread",
@@ -158,7 +210,9 @@ fn plan_fwd_sm80(spec: &AttnSpec) -> KernelPlan {
     reasons.push(format!(
         "block_n={block_n}, {stages}-stage cp.async K/V pipeline: {smem_bytes} B shared memory (arch limit {limit} B)"
     ));
-    let min_blocks_per_sm = 1;
+    // One block's barrier and load waits hide behind another block's MMAs
+    // when two fit on an SM; launch bounds then cap registers at 255.
+    let min_blocks_per_sm = if num_warps <= 4 { 2 } else { 1 };
 
     KernelPlan {
         spec: *spec,
@@ -178,6 +232,7 @@ fn plan_fwd_sm80(spec: &AttnSpec) -> KernelPlan {
         compile_options: Vec::new(),
         grid: GridRule::BatchHeadsByQueryTiles,
         reasons,
+        bwd: None,
     }
 }
 
@@ -218,6 +273,7 @@ mod tests {
     use crate::spec::{DType, Layout, Mask};
 
     fn all_fwd_specs() -> Vec<AttnSpec> {
+        use crate::spec::DType;
         let mut v = Vec::new();
         for &arch in Arch::ALL {
             for &dtype in DType::ALL {
@@ -264,17 +320,20 @@ mod tests {
     }
 
     #[test]
-    fn backward_is_a_typed_refusal() {
+    fn backward_plans_on_the_bwd_template() {
         let spec: AttnSpec = "bwd.bf16.d128.none.dense.sm80".parse().unwrap();
-        let e = plan(&spec).unwrap_err();
-        assert!(e.to_string().contains("backward"), "{e}");
+        let p = plan(&spec).unwrap();
+        assert_eq!(p.template, Template::BwdSm80);
+        assert!(p.bwd.is_some());
     }
 
     #[test]
     fn d128_plan_matches_the_documented_choice() {
         let spec = AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Dense, Arch::Sm80);
         let p = plan(&spec).unwrap();
-        assert_eq!((p.block_m, p.block_n, p.num_warps), (128, 64, 8));
+        assert_eq!((p.block_m, p.block_n, p.num_warps), (128, 32, 4));
         assert_eq!(p.smem_pitch_qk, 136);
+        let thd = plan(&AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Thd, Arch::Sm80)).unwrap();
+        assert_eq!((thd.block_m, thd.block_n, thd.num_warps), (64, 64, 4));
     }
 }

@@ -13,12 +13,13 @@ use sha2::{Digest, Sha256};
 use tera::{Context, Tera};
 
 use crate::error::RenderError;
-use crate::plan::KernelPlan;
+use crate::plan::{KernelPlan, Template};
 use crate::spec::{DType, Layout, Mask};
 
 /// Every template file, by the name templates include it with.
 pub const TEMPLATES: &[(&str, &str)] = &[
     ("fwd_sm80.cu", include_str!("../templates/fwd_sm80.cu")),
+    ("bwd_sm80.cu", include_str!("../templates/bwd_sm80.cu")),
     ("common/ptx.cuh", include_str!("../templates/common/ptx.cuh")),
     ("common/mask.cuh", include_str!("../templates/common/mask.cuh")),
 ];
@@ -86,6 +87,42 @@ struct FwdContext {
     min_blocks: u32,
 }
 
+/// The values the backward template sees (see `plan::plan_bwd` for the tiles).
+#[derive(Debug, Serialize)]
+struct BwdContext {
+    spec: String,
+    entry: String,
+    ptx_type: &'static str,
+    block_m: u32,
+    block_n: u32,
+    num_warps: u32,
+    q_stages: u32,
+    d_qk: u16,
+    d_v: u16,
+    d_qk_pad: u32,
+    d_v_pad: u32,
+    pitch_qk: u32,
+    pitch_v: u32,
+    pitch_m: u32,
+    s_wn: u32,
+    s_wm: u32,
+    dk_wn: u32,
+    dk_wd: u32,
+    dv_wn: u32,
+    dv_wd: u32,
+    dq_wm: u32,
+    dq_wd: u32,
+    mask_kind: u32,
+    is_thd: bool,
+    softcap: bool,
+    deterministic: bool,
+    row_warps: u32,
+    dqb_m: u32,
+    dqb_n: u32,
+    dqb_warps: u32,
+    dqb_stages: u32,
+}
+
 /// Mask kind as the templates number it (see `templates/common/mask.cuh`).
 pub const fn mask_kind(mask: Mask) -> u32 {
     match mask {
@@ -99,33 +136,77 @@ pub const fn mask_kind(mask: Mask) -> u32 {
 /// Render a plan. Pure: same plan, same bytes.
 pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
     let spec = &plan.spec;
-    let cx = FwdContext {
-        spec: spec.to_string(),
-        entry: plan.entry.clone(),
-        ptx_type: match spec.dtype {
-            DType::F16 => "f16",
-            DType::Bf16 => "bf16",
-        },
-        block_m: plan.block_m,
-        block_n: plan.block_n,
-        num_warps: plan.num_warps,
-        m_tiles: plan.m_tiles_per_warp,
-        d_qk: spec.head_dim_qk,
-        d_v: spec.head_dim_v,
-        d_qk_pad: plan.head_dim_qk_padded,
-        d_v_pad: plan.head_dim_v_padded,
-        pitch_qk: plan.smem_pitch_qk,
-        pitch_v: plan.smem_pitch_v,
-        mask_kind: mask_kind(spec.mask),
-        is_thd: spec.layout == Layout::Thd,
-        softcap: spec.softcap,
-        min_blocks: plan.min_blocks_per_sm,
-    };
     let name = plan.template.file();
-    let context = Context::from_serialize(&cx).map_err(|e| RenderError {
+    let ptx_type = match spec.dtype {
+        DType::F16 => "f16",
+        DType::Bf16 => "bf16",
+    };
+    let ctx_err = |e: tera::Error| RenderError {
         template: name.into(),
         message: e.to_string(),
-    })?;
+    };
+    let context = match (plan.template, &plan.bwd) {
+        (Template::BwdSm80, Some(b)) => Context::from_serialize(BwdContext {
+            spec: spec.to_string(),
+            entry: plan.entry.clone(),
+            ptx_type,
+            block_m: b.block_m,
+            block_n: b.block_n,
+            num_warps: b.num_warps,
+            q_stages: b.q_stages,
+            d_qk: spec.head_dim_qk,
+            d_v: spec.head_dim_v,
+            d_qk_pad: plan.head_dim_qk_padded,
+            d_v_pad: plan.head_dim_v_padded,
+            pitch_qk: plan.smem_pitch_qk,
+            pitch_v: plan.smem_pitch_v,
+            pitch_m: b.pitch_m,
+            s_wn: b.warps_s.0,
+            s_wm: b.warps_s.1,
+            dk_wn: b.warps_dk.0,
+            dk_wd: b.warps_dk.1,
+            dv_wn: b.warps_dv.0,
+            dv_wd: b.warps_dv.1,
+            dq_wm: b.warps_dq.0,
+            dq_wd: b.warps_dq.1,
+            mask_kind: mask_kind(spec.mask),
+            is_thd: spec.layout == Layout::Thd,
+            softcap: spec.softcap,
+            deterministic: spec.deterministic,
+            row_warps: b.row_warps,
+            dqb_m: b.dq_block_m,
+            dqb_n: b.dq_block_n,
+            dqb_warps: b.dq_warps,
+            dqb_stages: b.dq_kv_stages,
+        })
+        .map_err(ctx_err)?,
+        (Template::BwdSm80, None) => {
+            return Err(RenderError {
+                template: name.into(),
+                message: "a bwd_sm80 plan needs its `bwd` tiles".into(),
+            })
+        }
+        (Template::FwdSm80, _) => Context::from_serialize(FwdContext {
+            spec: spec.to_string(),
+            entry: plan.entry.clone(),
+            ptx_type,
+            block_m: plan.block_m,
+            block_n: plan.block_n,
+            num_warps: plan.num_warps,
+            m_tiles: plan.m_tiles_per_warp,
+            d_qk: spec.head_dim_qk,
+            d_v: spec.head_dim_v,
+            d_qk_pad: plan.head_dim_qk_padded,
+            d_v_pad: plan.head_dim_v_padded,
+            pitch_qk: plan.smem_pitch_qk,
+            pitch_v: plan.smem_pitch_v,
+            mask_kind: mask_kind(spec.mask),
+            is_thd: spec.layout == Layout::Thd,
+            softcap: spec.softcap,
+            min_blocks: plan.min_blocks_per_sm,
+        })
+        .map_err(ctx_err)?,
+    };
     let source = tera()?.render(name, &context).map_err(|e| {
         let mut msg = e.to_string();
         let mut src = std::error::Error::source(&e);
@@ -174,6 +255,24 @@ mod tests {
         let mut b = a;
         b.softcap = true;
         assert_ne!(render(&pa).unwrap().source, render(&plan(&b).unwrap()).unwrap().source);
+    }
+
+    #[test]
+    fn backward_renders_every_entry_point() {
+        for (s, det) in [
+            ("bwd.bf16.d128.causal-br.dense.sm80", false),
+            ("bwd.f16.d64.window.thd.softcap.det.sm90a", true),
+        ] {
+            let spec: AttnSpec = s.parse().unwrap();
+            let r = render(&plan(&spec).unwrap()).unwrap();
+            assert!(!r.source.contains("#include"));
+            assert!(!r.source.contains("{{") && !r.source.contains("{%") && !r.source.contains("{#"));
+            for (suffix, present) in [("_pre", true), ("", true), ("_dq_convert", !det), ("_dq", det)] {
+                let sig = format!("{}{suffix}(const BwdParams p)", r.entry);
+                assert_eq!(r.source.contains(&sig), present, "{s}: {sig}");
+            }
+            assert!(r.source.contains(&format!("constexpr bool DETERMINISTIC = {det};")));
+        }
     }
 
     #[test]

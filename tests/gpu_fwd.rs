@@ -11,24 +11,16 @@
 //! Needs a CUDA GPU; without one it prints a skip line and passes. Run it on the
 //! H200 with `make gpu-test` (see docs/benchmarks/README.md).
 
+mod common;
+
 use std::fmt::Write as _;
 
 use attnforge::launch::{self, FwdArgs, FwdProblem, TensorArg};
 use attnforge::reference::{attention_fwd, RefProblem};
 use attnforge::{AttnSpec, DType, Layout};
-use cudarc::driver::{result, sys};
+use common::{from_bits, normal, off, to_bits, Buf};
+use cudarc::driver::sys;
 use rand::SeedableRng;
-use rand_distr_lite::normal;
-
-/// Minimal normal sampler (Box-Muller) so the suite needs no extra crate.
-mod rand_distr_lite {
-    use rand::Rng;
-    pub fn normal<R: Rng>(rng: &mut R) -> f64 {
-        let u1: f64 = rng.gen_range(f64::EPSILON..1.0);
-        let u2: f64 = rng.gen();
-        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-    }
-}
 
 /// How Q/K/V/O sit in memory for a dense case.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -146,63 +138,6 @@ fn cases() -> Vec<Case> {
     ];
     v.push(dense("fwd.f16.d128.none.dense.softcap.sm90a", 1, 4, 4, 257, 513).softcap(50.0));
     v
-}
-
-struct Buf {
-    ptr: u64,
-    bytes: usize,
-}
-
-impl Buf {
-    fn new(bytes: usize) -> Buf {
-        let bytes = bytes.max(16);
-        // SAFETY: plain device allocation in the current context.
-        let ptr = unsafe { result::malloc_sync(bytes) }.expect("cuMemAlloc");
-        Buf { ptr, bytes }
-    }
-    fn upload<T>(data: &[T]) -> Buf {
-        let b = Buf::new(std::mem::size_of_val(data));
-        // SAFETY: b holds at least size_of_val(data) bytes.
-        unsafe { result::memcpy_htod_sync(b.ptr, data) }.expect("cuMemcpyHtoD");
-        b
-    }
-    fn poison(&self) {
-        // SAFETY: the whole allocation.
-        unsafe { result::memset_d8_sync(self.ptr, 0xff, self.bytes) }.expect("cuMemsetD8");
-    }
-    fn download<T: Copy + Default>(&self, n: usize) -> Vec<T> {
-        let mut v = vec![T::default(); n];
-        // SAFETY: n elements fit in the allocation.
-        unsafe { result::memcpy_dtoh_sync(&mut v, self.ptr) }.expect("cuMemcpyDtoH");
-        v
-    }
-}
-
-impl Drop for Buf {
-    fn drop(&mut self) {
-        // SAFETY: allocated by malloc_sync.
-        unsafe {
-            let _ = result::free_sync(self.ptr);
-        }
-    }
-}
-
-fn to_bits(x: f64, dt: DType) -> u16 {
-    match dt {
-        DType::F16 => half::f16::from_f64(x).to_bits(),
-        DType::Bf16 => half::bf16::from_f64(x).to_bits(),
-    }
-}
-fn from_bits(b: u16, dt: DType) -> f64 {
-    match dt {
-        DType::F16 => half::f16::from_bits(b).to_f64(),
-        DType::Bf16 => half::bf16::from_bits(b).to_f64(),
-    }
-}
-
-/// Element offset of (batch, token, head, col) in a tensor argument.
-fn off(t: &TensorArg, b: usize, s: usize, h: usize, c: usize) -> usize {
-    (t.stride_batch * b as i64 + t.stride_seq * s as i64 + t.stride_head * h as i64) as usize + c
 }
 
 struct Outcome {

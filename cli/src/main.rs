@@ -15,6 +15,8 @@ use attnforge_cache::{format_size, parse_size, Cache, CacheConfig};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
+mod explain;
+
 #[derive(Parser)]
 #[command(
     name = "attnforge",
@@ -71,6 +73,9 @@ enum Cmd {
     },
     /// Check NVRTC, the CUDA driver and GPU, cuDNN, and the cache roots.
     Doctor,
+    /// Which backend runs a problem's forward and backward, and why each other
+    /// candidate was rejected (no GPU needed).
+    Explain(explain::ExplainArgs),
 }
 
 #[derive(Subcommand)]
@@ -444,6 +449,7 @@ fn run(cli: Cli) -> CliResult {
         }
         Cmd::Cache { cmd } => cache_cmd(cmd),
         Cmd::Doctor => doctor(),
+        Cmd::Explain(args) => explain::run(args),
     }
 }
 

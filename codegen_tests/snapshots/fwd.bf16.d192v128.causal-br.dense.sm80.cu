@@ -1,11 +1,11 @@
 // attnforge generated kernel: fwd.bf16.d192v128.causal-br.dense.sm80
 // template fwd_sm80.cu — FlashAttention-2-style forward on the sm80 instruction
 // path (mma.sync m16n8k16, ldmatrix, cp.async). Plan: block_m=64
-// block_n=64 warps=4 m_tiles/warp=1.
+// block_n=32 warps=4 m_tiles/warp=1.
 // Do not edit: rendered by attnforge from templates/fwd_sm80.cu.
 
 constexpr int BLOCK_M = 64;
-constexpr int BLOCK_N = 64;
+constexpr int BLOCK_N = 32;
 constexpr int NUM_WARPS = 4;
 constexpr int THREADS = NUM_WARPS * 32;
 constexpr int M_TILES = 1;               // 16-row MMA tiles per warp
@@ -18,6 +18,7 @@ constexpr int PITCH_V = 136;
 constexpr int MASK_KIND = 2;
 constexpr bool IS_THD = false;
 constexpr bool SOFTCAP = false;
+constexpr float RESCALE_LOG2 = 8.f;                 // lazy-rescale threshold (factor 256)
 
 // ---- common/ptx.cuh: header-free device helpers (inline PTX) -----------------
 // Kernels are compiled by NVRTC with no include path: no cuda_fp16.h or
@@ -102,18 +103,22 @@ __device__ __forceinline__ float quad_sum(float x) {
 // Row i sees keys j with key_lo(i) <= j <= key_hi(i), clipped to [0, seqlen_k).
 
 struct RowWindow {
-    int seqlen_q, seqlen_k, left, right;
+    int diag;        // seqlen_k - seqlen_q: row i's bottom-right diagonal key is i + diag
+    int last_key;    // seqlen_k - 1
+    int left, right;
+
+    __device__ __forceinline__ RowWindow(int seqlen_q, int seqlen_k, int left_, int right_)
+        : diag(seqlen_k - seqlen_q), last_key(seqlen_k - 1), left(left_), right(right_) {}
 
     __device__ __forceinline__ int key_lo(int i) const {
-        if (MASK_KIND == 3 && left >= 0) return max(0, i + seqlen_k - seqlen_q - left);
+        if (MASK_KIND == 3 && left >= 0) return max(0, i + diag - left);
         return 0;
     }
     __device__ __forceinline__ int key_hi(int i) const {
-        int hi = seqlen_k - 1;
-        if (MASK_KIND == 1) hi = min(hi, i);
-        if (MASK_KIND == 2) hi = min(hi, i + seqlen_k - seqlen_q);
-        if (MASK_KIND == 3 && right >= 0) hi = min(hi, i + seqlen_k - seqlen_q + right);
-        return hi;
+        if (MASK_KIND == 1) return min(last_key, i);
+        if (MASK_KIND == 2) return min(last_key, i + diag);
+        if (MASK_KIND == 3 && right >= 0) return min(last_key, i + diag + right);
+        return last_key;
     }
 };
 
@@ -136,23 +141,65 @@ struct FwdParams {
     int num_m_blocks;
 };
 
-// Copy `rows` x D tile rows from global (row pitch `stride`) into shared memory
-// (pitch PITCH), zero-filling rows >= valid_rows and columns >= d_real.
+// Copy `ROWS` x DPAD tile rows from global (row pitch `stride` elements) into
+// shared memory (pitch PITCH), zero-filling rows >= valid_rows and columns
+// >= d_real. When the block's threads tile the 16-byte chunks of a row
+// evenly, each thread owns one chunk column and walks rows with a fixed
+// step, so the only live state is one pointer and one row index.
 template <int ROWS, int DPAD, int PITCH>
 __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, long long stride,
                                           int valid_rows, int d_real, int tid) {
     constexpr int CHUNKS = DPAD / 8;                     // 16-byte chunks per row
     const unsigned s0 = smem_addr(smem);
+    if constexpr (THREADS % CHUNKS == 0) {
+        constexpr int STEP = THREADS / CHUNKS;           // rows per pass
+        const int c = tid % CHUNKS, r0 = tid / CHUNKS;
+        const bool col_ok = c * 8 < d_real;
+        const elem_t* src = gbase + r0 * stride + c * 8;
+        const long long step = STEP * stride;
 #pragma unroll
-    for (int idx = tid; idx < ROWS * CHUNKS; idx += THREADS) {
-        const int r = idx / CHUNKS, c = idx % CHUNKS;
-        const bool ok = r < valid_rows && c * 8 < d_real;
-        const elem_t* src = ok ? gbase + r * stride + c * 8 : gbase;
-        cp_async_16(s0 + (r * PITCH + c * 8) * 2, src, ok ? 16 : 0);
+        for (int k = 0; k < (ROWS + STEP - 1) / STEP; ++k) {
+            const int r = r0 + k * STEP;
+            if (ROWS % STEP == 0 || r < ROWS) {
+                const bool ok = col_ok && r < valid_rows;
+                cp_async_16(s0 + (r * PITCH + c * 8) * 2, ok ? src : gbase, ok ? 16 : 0);
+            }
+            src += step;
+        }
+    } else {
+#pragma unroll
+        for (int idx = tid; idx < ROWS * CHUNKS; idx += THREADS) {
+            const int r = idx / CHUNKS, c = idx % CHUNKS;
+            const bool ok = r < valid_rows && c * 8 < d_real;
+            const elem_t* src = ok ? gbase + r * stride + c * 8 : gbase;
+            cp_async_16(s0 + (r * PITCH + c * 8) * 2, src, ok ? 16 : 0);
+        }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+// Set scores outside each row's visible key range to -inf. `row0` is this
+// thread's first row (g of its warp's first tile), `col0` its first key
+// column (n0 + 2t); element (mt, j, e) is row row0 + 16 mt + 8 (e / 2),
+// key col0 + 8 j + (e % 2).
+template <int MT, int BN>
+__device__ __forceinline__ void apply_mask(float (&s)[MT][BN / 8][4], const RowWindow& win, int row0, int col0) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int i = row0 + mt * 16 + 8 * r;
+            const int lo = win.key_lo(i) - col0, hi = win.key_hi(i) - col0;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int c = j * 8 + e;
+                    if (c < lo || c > hi) s[mt][j][2 * r + e] = NEG_INF;
+                }
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
 attnforge_fwd_bf16_d192v128_causal_br_dense_sm80(const FwdParams p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     elem_t* sQ = reinterpret_cast<elem_t*>(smem_raw);
@@ -179,7 +226,7 @@ attnforge_fwd_bf16_d192v128_causal_br_dense_sm80(const FwdParams p) {
     const elem_t* gK = p.k + b * p.k_sb + (long long)k_off * p.k_ss + hk * p.k_sh;
     const elem_t* gV = p.v + b * p.v_sb + (long long)k_off * p.v_ss + hk * p.v_sh;
 
-    const RowWindow win{sq, sk, p.window_left, p.window_right};
+    const RowWindow win(sq, sk, p.window_left, p.window_right);
     const int last_row = min(m0 + BLOCK_M, sq) - 1;
     const int n_begin = (win.key_lo(m0) / BLOCK_N) * BLOCK_N;
     const int n_end = min(sk, win.key_hi(last_row) + 1);
@@ -236,7 +283,7 @@ attnforge_fwd_bf16_d192v128_causal_br_dense_sm80(const FwdParams p) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc_s[mt][j][e] = 0.f;
 
-#pragma unroll
+#pragma unroll 4
         for (int ks = 0; ks < DQK / 16; ++ks) {
             unsigned a[M_TILES][4];
 #pragma unroll
@@ -259,52 +306,56 @@ attnforge_fwd_bf16_d192v128_causal_br_dense_sm80(const FwdParams p) {
             }
         }
 
-        // Scale (and softcap) into the log2 domain, mask, online softmax.
+        // Softcap maps scores into the log2 domain here; plain scores stay raw
+        // and their scale is folded into the exponent (one FFMA per element).
+        if constexpr (SOFTCAP) {
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+                for (int j = 0; j < BLOCK_N / 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        acc_s[mt][j][e] = p.softcap_post * fast_tanh(acc_s[mt][j][e] * p.softcap_pre);
+        }
+        const float to_log2 = SOFTCAP ? 1.f : p.scale_log2;
+        // Mask, only on tiles that cross a row's visible range or the end of K.
         const bool edge = (n0 + BLOCK_N > sk) || (MASK_KIND != 0 &&
             (win.key_lo(last_row) > n0 || win.key_hi(m0) < n0 + BLOCK_N - 1));
+        if (edge) apply_mask<M_TILES, BLOCK_N>(acc_s, win, m0 + warp_row0 + g, n0 + 2 * t);
+        // Online softmax with a lazy reference max: O and the sum are rescaled
+        // only when a row's max grows by more than RESCALE_LOG2 (P then stays
+        // below 2^RESCALE_LOG2; the final O / sum is unchanged).
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const int i = m0 + warp_row0 + mt * 16 + g + 8 * r;
-                const int lo = win.key_lo(i), hi = win.key_hi(i);
                 float tile_max = NEG_INF;
 #pragma unroll
-                for (int j = 0; j < BLOCK_N / 8; ++j) {
+                for (int j = 0; j < BLOCK_N / 8; ++j)
+                    tile_max = fmaxf(tile_max, fmaxf(acc_s[mt][j][2 * r], acc_s[mt][j][2 * r + 1]));
+                tile_max = quad_max(tile_max) * to_log2;
+                if (tile_max > row_max[mt][r] + RESCALE_LOG2) {
+                    const float alpha = fast_exp2(row_max[mt][r] - tile_max);
+                    row_max[mt][r] = tile_max;
+                    row_sum[mt][r] *= alpha;
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        float s = acc_s[mt][j][2 * r + e];
-                        if constexpr (SOFTCAP) s = p.softcap_post * fast_tanh(s * p.softcap_pre);
-                        else s *= p.scale_log2;
-                        if (edge) {
-                            const int key = n0 + j * 8 + 2 * t + e;
-                            if (key < lo || key > hi) s = NEG_INF;
-                        }
-                        acc_s[mt][j][2 * r + e] = s;
-                        tile_max = fmaxf(tile_max, s);
+                    for (int j = 0; j < DV / 8; ++j) {
+                        acc_o[mt][j][2 * r] *= alpha;
+                        acc_o[mt][j][2 * r + 1] *= alpha;
                     }
                 }
-                tile_max = quad_max(tile_max);
-                const float m_new = fmaxf(row_max[mt][r], tile_max);
-                const float m_use = m_new == NEG_INF ? 0.f : m_new;
-                const float alpha = fast_exp2(row_max[mt][r] - m_use);
-                row_max[mt][r] = m_new;
+                const float neg_m = row_max[mt][r] == NEG_INF ? 0.f : -row_max[mt][r];
                 float sum = 0.f;
 #pragma unroll
                 for (int j = 0; j < BLOCK_N / 8; ++j) {
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        const float pv = fast_exp2(acc_s[mt][j][2 * r + e] - m_use);
+                        const float pv = fast_exp2(fmaf(acc_s[mt][j][2 * r + e], to_log2, neg_m));
                         acc_s[mt][j][2 * r + e] = pv;
                         sum += pv;
                     }
                 }
-                row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
-#pragma unroll
-                for (int j = 0; j < DV / 8; ++j) {
-                    acc_o[mt][j][2 * r] *= alpha;
-                    acc_o[mt][j][2 * r + 1] *= alpha;
-                }
+                row_sum[mt][r] += sum;
             }
         }
 

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 
 use attnforge::{plan, render, AttnSpec};
 
-/// A representative set: each dtype, mask, layout, softcap, an odd head dim, qk != v, each arch family.
+/// A representative set: each dtype, mask, layout, softcap, an odd head dim, qk != v, each arch family;
+/// the backward in fast and deterministic mode.
 const SPECS: &[&str] = &[
     "fwd.bf16.d128.none.dense.sm80",
     "fwd.f16.d64.causal-tl.dense.sm80",
@@ -17,6 +18,8 @@ const SPECS: &[&str] = &[
     "fwd.bf16.d256.none.dense.sm90a",
     "fwd.bf16.d192v128.causal-br.dense.sm80",
     "fwd.f16.d40.none.thd.sm86",
+    "bwd.bf16.d128.causal-br.dense.sm80",
+    "bwd.f16.d64.window.thd.softcap.det.sm90a",
 ];
 
 fn dir() -> PathBuf {

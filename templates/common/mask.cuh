@@ -4,17 +4,21 @@
 // Row i sees keys j with key_lo(i) <= j <= key_hi(i), clipped to [0, seqlen_k).
 
 struct RowWindow {
-    int seqlen_q, seqlen_k, left, right;
+    int diag;        // seqlen_k - seqlen_q: row i's bottom-right diagonal key is i + diag
+    int last_key;    // seqlen_k - 1
+    int left, right;
+
+    __device__ __forceinline__ RowWindow(int seqlen_q, int seqlen_k, int left_, int right_)
+        : diag(seqlen_k - seqlen_q), last_key(seqlen_k - 1), left(left_), right(right_) {}
 
     __device__ __forceinline__ int key_lo(int i) const {
-        if (MASK_KIND == 3 && left >= 0) return max(0, i + seqlen_k - seqlen_q - left);
+        if (MASK_KIND == 3 && left >= 0) return max(0, i + diag - left);
         return 0;
     }
     __device__ __forceinline__ int key_hi(int i) const {
-        int hi = seqlen_k - 1;
-        if (MASK_KIND == 1) hi = min(hi, i);
-        if (MASK_KIND == 2) hi = min(hi, i + seqlen_k - seqlen_q);
-        if (MASK_KIND == 3 && right >= 0) hi = min(hi, i + seqlen_k - seqlen_q + right);
-        return hi;
+        if (MASK_KIND == 1) return min(last_key, i);
+        if (MASK_KIND == 2) return min(last_key, i + diag);
+        if (MASK_KIND == 3 && right >= 0) return min(last_key, i + diag + right);
+        return last_key;
     }
 };

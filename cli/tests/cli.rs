@@ -1,0 +1,276 @@
+//! End-to-end tests of the `attnforge` binary: bad input gives a typed one-line
+//! error and a non-zero exit (never a panic); prebuild fills a cache that a
+//! second run hits; concurrent prebuilds share a cache; read-only prebuilt
+//! roots layer under the user root; an unwritable cache dir degrades to memory;
+//! a damaged cache is reported and repaired.
+//!
+//! Tests that compile need NVRTC: they skip without it, unless
+//! `ATTNFORGE_REQUIRE_NVRTC=1` (set by `make test`), where they fail.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const SMALL_MATRIX: &str = r#"
+specs = ["fwd.bf16.d64.window.thd.softcap"]
+
+[[group]]
+dtype = ["f16"]
+head_dim = [64]
+mask = ["none", "causal-br"]
+layout = ["dense"]
+"#;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_attnforge"))
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("run attnforge")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).to_string()
+}
+
+/// A failed command: non-zero, one `attnforge: error:` line, no panic.
+fn assert_clean_failure(out: &Output, needle: &str) {
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "expected failure, got success: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    assert!(err.contains(needle), "stderr lacks {needle:?}: {err}");
+}
+
+fn nvrtc_available() -> bool {
+    let ok = attnforge::compile::Nvrtc::get().is_ok();
+    if !ok && std::env::var_os("ATTNFORGE_REQUIRE_NVRTC").is_some_and(|v| v != "0") {
+        panic!("ATTNFORGE_REQUIRE_NVRTC is set but NVRTC is missing");
+    }
+    if !ok {
+        println!("skipped: NVRTC not found");
+    }
+    ok
+}
+
+fn prebuild(cache_dir: &Path, matrix: &Path, extra_env: &[(&str, &Path)]) -> Output {
+    let mut c = bin();
+    c.args(["prebuild", "--arch", "sm80", "--matrix"])
+        .arg(matrix)
+        .arg("--quiet");
+    c.env("ATTNFORGE_CACHE_DIR", cache_dir)
+        .env_remove("ATTNFORGE_CACHE_PATH");
+    for (k, v) in extra_env {
+        c.env(k, v);
+    }
+    run(&mut c)
+}
+
+fn summary_counts(out: &Output) -> (usize, usize, usize) {
+    let s = text(&out.stdout);
+    let grab = |word: &str| -> usize {
+        let i = s
+            .find(&format!(" {word}"))
+            .unwrap_or_else(|| panic!("no {word} in {s}"));
+        s[..i]
+            .rsplit(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    (grab("compiled"), grab("cached"), grab("failed"))
+}
+
+fn tree_digest(root: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push((p.display().to_string(), std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn bad_specs_and_arguments_are_one_line_errors() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["plan", "fwd.f32.d128.none.dense.sm80"], "invalid dtype `f32`"),
+        (&["plan", "fwd.bf16.d100.none.dense.sm80"], "head_dim_qk"),
+        (&["plan", "fwd.bf16.d128.none.dense.sm75"], "allowed values are sm80"),
+        (&["plan", "fwd.bf16.d128.none.dense.det.sm80"], "bwd"),
+        (&["plan", "garbage"], "cannot parse spec"),
+        (
+            &["compile", "fwd.bf16.d128.none.dense.sm80", "--emit", "cubin"],
+            "-o FILE",
+        ),
+        (&["prebuild", "--arch", "sm75"], "invalid arch"),
+        (
+            &["prebuild", "--matrix", "/nonexistent/matrix.toml"],
+            "cannot read matrix file",
+        ),
+        (&["cache", "gc", "--max-size", "lots"], "size"),
+    ];
+    for (args, needle) in cases {
+        let out = run(bin().args(*args));
+        assert_clean_failure(&out, needle);
+        let err = text(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{args:?}: more than one line: {err}");
+    }
+    // clap's own errors: usage on stderr, exit 2, no panic.
+    for args in [&["frobnicate"][..], &["plan"], &["compile", "x", "--emit", "elf"]] {
+        let out = run(bin().args(args));
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(!text(&out.stderr).contains("panicked"));
+    }
+}
+
+#[test]
+fn a_bad_matrix_file_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("m.toml");
+    std::fs::write(
+        &m,
+        "[[group]]\ndtype = [\"f16\"]\nhead_dim = [100]\nmask = [\"none\"]\nlayout = [\"dense\"]\n",
+    )
+    .unwrap();
+    let out = run(bin().args(["prebuild", "--arch", "sm80", "--matrix"]).arg(&m));
+    assert_clean_failure(&out, "head_dim_qk");
+}
+
+#[test]
+fn plan_and_help_describe_the_spec() {
+    let out = run(bin().args(["plan", "fwd.bf16.d128.causal-br.thd.sm90a"]));
+    assert!(out.status.success());
+    let s = text(&out.stdout);
+    assert!(
+        s.contains("entry       attnforge_fwd_bf16_d128_causal_br_thd_sm90a") && s.contains("why:"),
+        "{s}"
+    );
+    let out = run(bin().arg("--help"));
+    assert!(text(&out.stdout).contains("causal-br"));
+    let out = run(bin().args(["compile", "fwd.f16.d64.none.dense.sm80", "--emit", "cu"]));
+    assert!(out.status.success());
+    assert!(text(&out.stdout).contains("mma.sync.aligned.m16n8k16"));
+}
+
+#[test]
+fn prebuild_then_hits_then_repairs_a_damaged_entry() {
+    if !nvrtc_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("m.toml");
+    std::fs::write(&m, SMALL_MATRIX).unwrap();
+    let cache = tmp.path().join("cache");
+    let out = prebuild(&cache, &m, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(summary_counts(&out), (3, 0, 0));
+    let out = prebuild(&cache, &m, &[]);
+    assert_eq!(summary_counts(&out), (0, 3, 0), "second run must be all hits");
+
+    let verify = |cache: &Path| run(bin().args(["cache", "verify"]).env("ATTNFORGE_CACHE_DIR", cache));
+    assert!(verify(&cache).status.success());
+    // Flip one byte of one blob: verify fails, prebuild recompiles it, verify is clean again.
+    let blob = tree_digest(&cache)
+        .into_iter()
+        .map(|(p, _)| p)
+        .find(|p| p.ends_with(".cubin"))
+        .unwrap();
+    let mut bytes = std::fs::read(&blob).unwrap();
+    bytes[100] ^= 0x40;
+    std::fs::write(&blob, bytes).unwrap();
+    let out = verify(&cache);
+    assert_clean_failure(&out, "bad cache entries");
+    assert!(text(&out.stdout).contains("BAD"));
+    let out = prebuild(&cache, &m, &[]);
+    assert!(out.status.success());
+    assert_eq!(summary_counts(&out), (1, 2, 0));
+    assert!(verify(&cache).status.success());
+
+    let ls = run(bin().args(["cache", "ls"]).env("ATTNFORGE_CACHE_DIR", &cache));
+    let s = text(&ls.stdout);
+    assert!(
+        s.contains("fwd.bf16.d64.window.thd.softcap.sm80") && s.contains("3 entries"),
+        "{s}"
+    );
+}
+
+#[test]
+fn two_concurrent_prebuilds_share_one_cache() {
+    if !nvrtc_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("m.toml");
+    std::fs::write(&m, SMALL_MATRIX).unwrap();
+    let cache = tmp.path().join("cache");
+    let spawn = || {
+        bin()
+            .args(["prebuild", "--arch", "sm80,sm90a", "--quiet", "--jobs", "2", "--matrix"])
+            .arg(&m)
+            .env("ATTNFORGE_CACHE_DIR", &cache)
+            .env_remove("ATTNFORGE_CACHE_PATH")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    for o in [&a, &b] {
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        assert_eq!(summary_counts(o).2, 0);
+    }
+    let out = run(bin().args(["cache", "verify"]).env("ATTNFORGE_CACHE_DIR", &cache));
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    let out = prebuild(&cache, &m, &[]);
+    assert_eq!(summary_counts(&out), (0, 3, 0));
+}
+
+#[test]
+fn read_only_prebuilt_root_layers_under_the_user_root() {
+    if !nvrtc_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("m.toml");
+    std::fs::write(&m, SMALL_MATRIX).unwrap();
+    let shipped = tmp.path().join("shipped");
+    assert!(prebuild(&shipped, &m, &[]).status.success());
+    let before = tree_digest(&shipped);
+    let user = tmp.path().join("user");
+    let out = prebuild(&user, &m, &[("ATTNFORGE_CACHE_PATH", &shipped)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(summary_counts(&out), (0, 3, 0), "served from the read-only root");
+    assert_eq!(tree_digest(&shipped), before, "read-only root was modified");
+    let stats = run(bin()
+        .args(["cache", "stats"])
+        .env("ATTNFORGE_CACHE_DIR", &user)
+        .env("ATTNFORGE_CACHE_PATH", &shipped));
+    let s = text(&stats.stdout);
+    assert!(s.contains("total: 3 entries"), "{s}");
+}
+
+#[test]
+fn unwritable_cache_dir_degrades_to_memory_with_one_warning() {
+    if !nvrtc_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("m.toml");
+    std::fs::write(&m, SMALL_MATRIX).unwrap();
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let out = prebuild(&file.join("cache"), &m, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(summary_counts(&out), (3, 0, 0));
+    let warnings = text(&out.stderr).lines().filter(|l| l.contains("warning")).count();
+    assert_eq!(warnings, 1, "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("<memory>"));
+}

@@ -1,0 +1,435 @@
+//! Decision tests: real problems through the real rule set.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::launch::TensorArg;
+use crate::spec::Mask;
+
+const SM80: ComputeCapability = ComputeCapability::new(8, 0);
+const SM90: ComputeCapability = ComputeCapability::new(9, 0);
+
+fn torch(policy: Policy) -> Dispatcher {
+    let d = Dispatcher::capturing(policy);
+    d.register(Arc::new(GeneratedBackend::global())).unwrap();
+    d.register_torch().unwrap();
+    d
+}
+
+fn dense(d: u32) -> Problem {
+    Problem::dense(ElemType::Bf16, d, 2, 16, 16, 2048, 2048, SM90)
+}
+
+fn rejected_reason<'a>(dd: &'a DirDecision, backend: &str) -> &'a str {
+    let r = dd
+        .ranked
+        .iter()
+        .find(|r| r.backend == backend)
+        .unwrap_or_else(|| panic!("{backend} not ranked"));
+    match &r.verdict {
+        Verdict::Rejected(why) => why,
+        v => panic!("{backend} not rejected: {v:?}"),
+    }
+}
+
+fn order(dd: &DirDecision) -> Vec<&'static str> {
+    dd.ranked.iter().map(|r| r.backend).collect()
+}
+
+#[test]
+fn default_ranking_prefers_generated_forward_and_falls_back_for_backward() {
+    let d = torch(Policy::auto());
+    let dec = d
+        .decide_problem(&dense(128).with_mask(Mask::CausalBottomRight).with_grad())
+        .unwrap();
+    let f = dec.fwd.chosen().unwrap();
+    assert_eq!(f.name(), "generated");
+    assert_eq!(f.spec().unwrap().to_string(), "fwd.bf16.d128.causal-br.dense.sm90a");
+    assert_eq!(order(&dec.fwd), ["generated", "torch-flash", "torch-cudnn"]);
+    assert_eq!(dec.fwd.ranked[1].verdict, Verdict::Eligible);
+    assert_eq!(dec.bwd.chosen().unwrap().name(), "torch-flash");
+    assert_eq!(
+        rejected_reason(&dec.bwd, "generated"),
+        "backward kernel not available in this build"
+    );
+    assert_eq!(dec.bwd.ranked[2].verdict, Verdict::Eligible);
+}
+
+#[test]
+fn arbitrary_attn_mask_routes_to_cudnn() {
+    let d = torch(Policy::auto());
+    let dec = d.decide_problem(&dense(128).with_attn_mask().with_grad()).unwrap();
+    assert_eq!(dec.fwd.chosen().unwrap().name(), "torch-cudnn");
+    assert_eq!(
+        rejected_reason(&dec.fwd, "generated"),
+        "arbitrary attn_mask unsupported"
+    );
+    assert_eq!(
+        rejected_reason(&dec.fwd, "torch-flash"),
+        "arbitrary attn_mask unsupported"
+    );
+    assert_eq!(dec.bwd.chosen().unwrap().name(), "torch-cudnn");
+    // d=256 with a mask on sm80: cuDNN's limit is 128 there, so nothing is left.
+    let mut p = dense(256).with_attn_mask();
+    p.cc = SM80;
+    let e = d.decide_problem(&p).unwrap().fwd.chosen().unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, DispatchError::NoBackend { .. }), "{e:?}");
+    assert!(msg.contains("torch-cudnn: head dim 256 > 128"), "{msg}");
+}
+
+#[test]
+fn dropout_routes_both_directions_to_torch_flash() {
+    let d = torch(Policy::auto());
+    let dec = d.decide_problem(&dense(64).with_dropout(0.1).with_grad()).unwrap();
+    assert_eq!(dec.fwd.chosen().unwrap().name(), "torch-flash");
+    assert_eq!(rejected_reason(&dec.fwd, "generated"), "dropout unsupported");
+    assert_eq!(rejected_reason(&dec.fwd, "torch-cudnn"), "dropout unsupported");
+    assert_eq!(dec.bwd.chosen().unwrap().name(), "torch-flash");
+}
+
+#[test]
+fn dropout_rng_must_be_replayed_by_its_producer() {
+    // A second dropout-capable backend may not consume torch-flash's RNG.
+    const OTHER: DirectBackend = DirectBackend::new("other-flash", direct::TORCH_FLASH_CAPS, LseKind::Packed);
+    let d = torch(Policy::auto().with_bwd("other-flash"));
+    d.register(Arc::new(OTHER)).unwrap();
+    let dec = d.decide_problem(&dense(64).with_dropout(0.1).with_grad()).unwrap();
+    assert_eq!(dec.fwd.chosen().unwrap().name(), "torch-flash");
+    let e = dec.bwd.chosen().unwrap_err();
+    assert!(matches!(e, DispatchError::PolicyDeclined { .. }), "{e:?}");
+    assert!(e.to_string().contains("only `torch-flash` can replay it"), "{e}");
+    // Without dropout the same backend is fine.
+    let dec = d.decide_problem(&dense(64).with_grad()).unwrap();
+    assert_eq!(dec.bwd.chosen().unwrap().name(), "other-flash");
+}
+
+#[test]
+fn env_policy_overrides_the_ranking() {
+    let env = |k: &str| match k {
+        "ATTNFORGE_BACKEND_FWD" => Some("torch-cudnn,torch-flash".to_string()),
+        "ATTNFORGE_BACKEND_BWD" => Some("torch-cudnn".to_string()),
+        _ => None,
+    };
+    let d = torch(Policy::from_vars(env));
+    let dec = d.decide_problem(&dense(128).with_grad()).unwrap();
+    assert_eq!(dec.fwd.chosen().unwrap().name(), "torch-cudnn");
+    assert_eq!(order(&dec.fwd), ["torch-cudnn", "torch-flash", "generated"]);
+    assert_eq!(rejected_reason(&dec.fwd, "generated"), "not in ATTNFORGE_BACKEND_FWD");
+    assert_eq!(dec.fwd.ranked[1].verdict, Verdict::Eligible);
+    assert_eq!(dec.bwd.chosen().unwrap().name(), "torch-cudnn");
+    // The env list's order is the preference order.
+    d.set_policy(Policy::auto().with_fwd("torch-flash,torch-cudnn"));
+    assert_eq!(d.chosen_name(&dense(128), Direction::Fwd).unwrap(), "torch-flash");
+}
+
+#[test]
+fn a_policy_naming_a_declining_backend_explains_why() {
+    let d = torch(Policy::auto().with_fwd("generated"));
+    let e = d
+        .decide_problem(&dense(128).with_attn_mask())
+        .unwrap()
+        .fwd
+        .chosen()
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, DispatchError::PolicyDeclined { .. }), "{e:?}");
+    assert!(
+        msg.contains("policy=generated") && msg.contains("generated: arbitrary attn_mask unsupported"),
+        "{msg}"
+    );
+    // Backward: generated is named but has no kernel yet.
+    d.set_policy(Policy::auto().with_bwd("generated"));
+    let e = d
+        .decide_problem(&dense(128).with_grad())
+        .unwrap()
+        .bwd
+        .chosen()
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("backward kernel not available in this build"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_policy_names_are_errors_listing_the_registry() {
+    let d = torch(Policy::from_vars(|k| {
+        (k == "ATTNFORGE_BACKEND_FWD").then(|| "generated,flash3".to_string())
+    }));
+    let e = d.decide_problem(&dense(128)).unwrap().fwd.chosen().unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, DispatchError::UnknownBackend { .. }), "{e:?}");
+    assert!(
+        msg.contains("ATTNFORGE_BACKEND_FWD") && msg.contains("`flash3`") && msg.contains("torch-cudnn"),
+        "{msg}"
+    );
+    // Without the torch descriptors (a JAX process), torch-flash is unknown too.
+    let jax = Dispatcher::with_generated(Policy::auto().with_bwd("torch-flash"));
+    let e = jax.decide_problem(&dense(64)).unwrap().bwd.chosen().unwrap_err();
+    assert!(e.to_string().contains("registered: generated"), "{e}");
+}
+
+#[test]
+fn planner_refusals_become_decline_reasons_and_nothing_left_is_an_error() {
+    let d = torch(Policy::auto());
+    let dec = d.decide_problem(&dense(100)).unwrap();
+    let gen = rejected_reason(&dec.fwd, "generated");
+    assert!(gen.contains("head_dim_qk") && gen.contains("multiples of 8"), "{gen}");
+    let e = dec.fwd.chosen().unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.starts_with("no fwd backend supports this problem"), "{msg}");
+    assert!(
+        msg.contains("torch-flash: head dim 100 is not a multiple of 8"),
+        "{msg}"
+    );
+    // f32: nobody.
+    let mut p = dense(64);
+    p.dtype = ElemType::F32;
+    let e = d.decide_problem(&p).unwrap().fwd.chosen().unwrap_err();
+    assert!(e.to_string().contains("dtype f32 unsupported"), "{e}");
+}
+
+#[test]
+fn deterministic_backward_skips_cudnn() {
+    let d = torch(Policy::auto().with_bwd("torch-cudnn,torch-flash"));
+    let dec = d.decide_problem(&dense(128).with_grad().with_deterministic()).unwrap();
+    assert_eq!(dec.bwd.chosen().unwrap().name(), "torch-flash");
+    assert_eq!(
+        rejected_reason(&dec.bwd, "torch-cudnn"),
+        "deterministic backward unsupported"
+    );
+}
+
+#[test]
+fn softcap_and_non_square_top_left_stay_on_generated_only() {
+    let d = torch(Policy::auto());
+    let mut p = dense(128).with_mask(Mask::CausalTopLeft).with_grad();
+    p.seqlen_q = 100;
+    let dec = d.decide_problem(&p).unwrap();
+    assert_eq!(dec.fwd.chosen().unwrap().name(), "generated");
+    assert!(rejected_reason(&dec.bwd, "torch-flash").contains("top-left"));
+    // cuDNN's causal is top-left: it takes the backward.
+    assert_eq!(dec.bwd.chosen().unwrap().name(), "torch-cudnn");
+    let dec = d.decide_problem(&dense(128).with_softcap(30.0).with_grad()).unwrap();
+    assert_eq!(dec.fwd.chosen().unwrap().name(), "generated");
+    assert!(dec.bwd.chosen().is_err(), "no backward does softcap yet");
+}
+
+#[test]
+fn decisions_are_memoized_per_key_and_logged_once() {
+    let d = torch(Policy::auto().with_debug(true));
+    let a = dense(128).with_grad();
+    let mut b = a;
+    b.seqlen_q = 17;
+    b.batch = 9; // same key
+    let first = d.decide_problem(&a).unwrap();
+    let second = d.decide_problem(&b).unwrap();
+    assert!(Arc::ptr_eq(&first, &second));
+    d.decide_problem(&a.with_attn_mask()).unwrap();
+    d.decide_problem(&a.with_attn_mask()).unwrap();
+    let log = d.captured_log();
+    assert_eq!(log.len(), 2, "{log:#?}");
+    assert!(
+        log[0].contains("fwd=generated (fwd.bf16.d128.none.dense.sm90a)"),
+        "{}",
+        log[0]
+    );
+    assert!(
+        log[1].contains("fwd=torch-cudnn [generated: arbitrary attn_mask unsupported"),
+        "{}",
+        log[1]
+    );
+    assert_eq!(d.memo_len(), 2);
+    d.set_policy(Policy::auto());
+    assert_eq!(d.memo_len(), 0);
+    // Debug off: nothing more.
+    d.decide_problem(&a).unwrap();
+    assert_eq!(d.captured_log().len(), 2);
+}
+
+#[test]
+fn invalid_problems_never_reach_a_backend() {
+    let d = torch(Policy::auto());
+    let mut p = dense(128);
+    p.heads_kv = 5;
+    assert!(matches!(d.decide_problem(&p), Err(DispatchError::Problem(_))));
+    assert_eq!(d.memo_len(), 0);
+}
+
+#[test]
+fn duplicate_registration_is_refused() {
+    let d = torch(Policy::auto());
+    let e = d.register(Arc::new(DirectBackend::torch_flash())).unwrap_err();
+    assert_eq!(e, DispatchError::DuplicateBackend { name: "torch-flash" });
+}
+
+fn thd_call(problem: Problem) -> FwdCall {
+    let t = TensorArg::thd(0x10000, problem.heads_q as i64, problem.head_dim_qk as i64);
+    let mut c = FwdCall::new(problem, t, t, t, t, 0x90000);
+    c.cu_seqlens_q = Some(0x1000);
+    c.cu_seqlens_k = Some(0x1000);
+    c
+}
+
+#[test]
+fn generated_forward_context_feeds_a_torch_flash_backward() {
+    // Ragged self-attention: 4 sequences (one empty), total 8 tokens.
+    let cu = [0, 2, 2, 7, 8];
+    let p = Problem::thd(ElemType::Bf16, 128, 4, 3, 1, (5, 8), (5, 8), SM90)
+        .with_mask(Mask::CausalTopLeft)
+        .with_thd_equal_seqlens(true)
+        .with_grad();
+    let d = torch(Policy::auto());
+    let dec = d.decide_problem(&p).unwrap();
+    assert_eq!(dec.fwd.chosen().unwrap().name(), "generated");
+    assert_eq!(dec.bwd.chosen().unwrap().name(), "torch-flash");
+    assert_eq!(dec.lse_handoff(), Some((LseKind::Packed, LseKind::Packed)));
+
+    let gen = d.backend("generated").unwrap();
+    let ctx = FwdContext::new(gen.as_ref(), &thd_call(p)).unwrap();
+    assert_eq!(ctx.producer, "generated");
+    assert_eq!(ctx.lse_layout, LseLayout::Packed { heads: 3, total_q: 8 });
+    assert!((ctx.scale - 1.0 / 128f32.sqrt()).abs() < 1e-7);
+    assert_eq!(ctx.mask.bottom_right_window(p.square()), Some((-1, 0)));
+    assert_eq!(ctx.cu_seqlens_q, Some(0x1000));
+
+    // Today's torch: packed varlen LSE, nothing to convert.
+    let (chosen, conv) = d.bwd_route(&ctx).unwrap();
+    assert_eq!(chosen.name(), "torch-flash");
+    assert!(conv.is_identity());
+    // Running it from Rust is the front end's job.
+    let bwd_call = BwdCall {
+        d_o: TensorArg::default(),
+        q: TensorArg::default(),
+        k: TensorArg::default(),
+        v: TensorArg::default(),
+        o: TensorArg::default(),
+        dq: TensorArg::default(),
+        dk: TensorArg::default(),
+        dv: TensorArg::default(),
+        attn_bias: None,
+        workspace: Workspace::default(),
+        stream: 0,
+    };
+    assert_eq!(
+        d.bwd(&bwd_call, &ctx),
+        Err(DispatchError::ExecutedByFrontEnd {
+            backend: "torch-flash",
+            direction: Direction::Bwd
+        })
+    );
+
+    // A torch whose varlen flash reads a padded [B, H, max_seqlen_q] LSE.
+    let old = torch_with_padded_flash();
+    let (_, conv) = old.bwd_route(&ctx).unwrap();
+    assert_eq!(
+        conv.to,
+        LseLayout::Padded {
+            batch: 4,
+            heads: 3,
+            max_seqlen_q: 5
+        }
+    );
+    let src: Vec<f32> = (0..24).map(|i| i as f32).collect();
+    let padded = conv.apply_host(&src, &cu).unwrap();
+    // head 2, sequence 2 (tokens 2..7), row 3 = packed element 2*8 + 2 + 3.
+    assert_eq!(padded[(2 * 3 + 2) * 5 + 3], src[2 * 8 + 5]);
+    assert_eq!(padded[(3 * 3 + 1) * 5 + 1], f32::INFINITY, "sequence 3 has one row");
+    assert!(conv.describe().contains("packed [3, 8] -> padded [4, 3, 5]"));
+}
+
+fn torch_with_padded_flash() -> Dispatcher {
+    let d = Dispatcher::capturing(Policy::auto());
+    d.register(Arc::new(GeneratedBackend::global())).unwrap();
+    d.register(Arc::new(DirectBackend::torch_flash().with_thd_lse(LseKind::Padded)))
+        .unwrap();
+    d
+}
+
+#[test]
+fn direct_forward_is_executed_by_the_front_end() {
+    let d = torch(Policy::auto());
+    let p = dense(128).with_attn_mask();
+    let t = TensorArg::bshd(0x1000, 2048, 16, 128);
+    let e = d.fwd(&FwdCall::new(p, t, t, t, t, 0x2000)).unwrap_err();
+    assert_eq!(
+        e,
+        DispatchError::ExecutedByFrontEnd {
+            backend: "torch-cudnn",
+            direction: Direction::Fwd
+        }
+    );
+    // The front end builds the context itself; cuDNN's dense LSE is ours.
+    let cudnn = d.backend("torch-cudnn").unwrap();
+    let ctx = FwdContext::new(cudnn.as_ref(), &FwdCall::new(p, t, t, t, t, 0x2000)).unwrap();
+    assert_eq!(
+        ctx.lse_layout,
+        LseLayout::Dense {
+            batch: 2,
+            heads: 16,
+            seqlen_q: 2048
+        }
+    );
+}
+
+/// A stand-in for the future cuDNN graph backend: a Native backend slots in
+/// through `register` with no change to the interface.
+#[derive(Debug)]
+struct FakeGraph;
+
+impl Backend for FakeGraph {
+    fn name(&self) -> &'static str {
+        "cudnn-graph"
+    }
+    fn kind(&self) -> BackendKind {
+        BackendKind::Native
+    }
+    fn supports(&self, direction: Direction, key: &ProblemKey) -> Result<Support, String> {
+        direct::TORCH_CUDNN_CAPS.check(key, direction).map(|()| Support {
+            spec: None,
+            note: Some("graph cached".into()),
+        })
+    }
+    fn call_fwd(&self, call: &FwdCall, _s: &Support) -> Result<FwdContext, DispatchError> {
+        Ok(FwdContext::new(self, call)?)
+    }
+}
+
+#[test]
+fn a_native_backend_slots_in_after_the_ranking_table() {
+    let d = torch(Policy::auto());
+    d.register(Arc::new(FakeGraph)).unwrap();
+    let p = dense(128).with_attn_mask();
+    let dec = d.decide_problem(&p).unwrap();
+    assert_eq!(
+        order(&dec.fwd),
+        ["generated", "torch-flash", "torch-cudnn", "cudnn-graph"]
+    );
+    d.set_policy(Policy::auto().with_fwd("cudnn-graph"));
+    let t = TensorArg::bshd(0x1000, 2048, 16, 128);
+    let ctx = d.fwd(&FwdCall::new(p, t, t, t, t, 0x2000)).unwrap();
+    assert_eq!(ctx.producer, "cudnn-graph");
+    assert!(d.explain(&p).unwrap().contains("[graph cached]"));
+}
+
+#[test]
+fn explain_lists_every_candidate_with_its_reason() {
+    let d = torch(Policy::auto());
+    let p = Problem::thd(ElemType::F16, 128, 3, 8, 2, (900, 2000), (900, 2000), SM80).with_dropout(0.1);
+    let text = d.explain(&p).unwrap();
+    for want in [
+        "forward   -> torch-flash",
+        "1. generated    rejected: dropout unsupported",
+        "2. torch-flash  chosen",
+        "3. torch-cudnn  rejected: ragged THD layout unsupported",
+        "backward  -> torch-flash",
+        "(not needed: requires_grad is off)",
+        "context   LSE packed [H, total_q], consumed as is",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in\n{text}");
+    }
+    let text = d.explain(&dense(64).with_grad()).unwrap();
+    assert!(text.contains("spec fwd.bf16.d64.none.dense.sm90a"), "{text}");
+    assert!(text.contains("[template fwd_sm80.cu"), "{text}");
+}

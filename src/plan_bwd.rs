@@ -1,0 +1,401 @@
+//! Planner of the sm80-path **backward** (FlashAttention-2 style), declared
+//! from `plan.rs` as `plan::plan_bwd`.
+//!
+//! A backward [`KernelPlan`] describes ONE CUBIN with several entry points,
+//! all named from the plan's single `entry` base (see [`BwdEntries`]):
+//!
+//! | symbol | grid | what |
+//! |---|---|---|
+//! | `{entry}_pre` | `ceil(rows·heads_q / row_warps)` | `Dsum = rowsum(dO∘O)` (f32, LSE layout); zeroes the f32 `dq_accum` workspace (fast mode) |
+//! | `{entry}` | `(batch·heads_kv, ceil(seqlen_k / block_n))` | main: one block per kv tile of one kv head; loops over the query heads of its GQA group and the query tiles that see the tile; writes dK, dV; fast mode also adds dQ into `dq_accum` with f32 atomics |
+//! | `{entry}_dq_convert` | as `_pre` | fast mode: `dQ = scale · dq_accum` in the element type |
+//! | `{entry}_dq` | `(batch·heads_q, ceil(seqlen_q / dq_block_m))` | deterministic mode: one block per query tile recomputes dS and writes dQ (no atomics anywhere) |
+//!
+//! The main kernel is the plain `entry` (not `{entry}_main`) so that the
+//! cache metadata, `attnforge compile` and `attnforge cache ls` — which report
+//! the resources of `plan.entry` — show the heaviest kernel. Launch order:
+//! `_pre`, main, then `_dq_convert` (fast) or `_dq` (det). `KernelPlan::grid`
+//! keeps the forward's rule for lack of a backward variant; the grids above
+//! (and [`crate::launch_bwd`]) are authoritative.
+//!
+//! Tiles of the main kernel: warps are arranged three times over the block,
+//! once per product, each warp tile a multiple of 16×16:
+//! - **S** phase: `Sᵀ = K Qᵀ` and `dPᵀ = V dOᵀ` over `[block_n × block_m]`,
+//!   then `Pᵀ`, `dSᵀ` written to shared memory (elements);
+//! - **KV** phase: `dV += Pᵀ dO` over `[block_n × d_v]`, `dK += dSᵀ Q` over
+//!   `[block_n × d_qk]` (a warp grid each); these accumulators live in
+//!   registers for the whole block;
+//! - **dQ** phase (fast mode): `dQ = dS K` over `[block_m × d_qk]`, added to
+//!   `dq_accum` with `red.global.add.f32`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::{entry_name, GridRule, KernelPlan, Template};
+use crate::spec::{Arch, AttnSpec};
+
+/// Warps per block of the `_pre` and `_dq_convert` kernels (one warp per
+/// `(token, head)` row).
+pub const ROW_WARPS: u32 = 4;
+
+/// Register estimate (f32 values per thread, plus a fixed allowance for
+/// fragments and addresses) above which a tile shape is not taken.
+const REG_BUDGET: u32 = 200;
+
+/// The backward-only part of a plan.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct BwdPlan {
+    /// Main kernel: query rows per inner step.
+    pub block_m: u32,
+    /// Main kernel: kv rows per block.
+    pub block_n: u32,
+    pub num_warps: u32,
+    /// Q/dO/LSE/Dsum shared-memory buffers (2 = next query tile prefetched).
+    pub q_stages: u32,
+    /// Row pitch (elements) of the Pᵀ and dSᵀ tiles in shared memory.
+    pub pitch_m: u32,
+    /// Warp grids `(rows, cols)` of the three phases (see the module docs).
+    pub warps_s: (u32, u32),
+    pub warps_dk: (u32, u32),
+    pub warps_dv: (u32, u32),
+    pub warps_dq: (u32, u32),
+    /// Dynamic shared memory of the main kernel, bytes.
+    pub main_smem: u32,
+    /// Deterministic dQ kernel (`_dq`): query rows per block (16 per warp),
+    /// kv rows per step, warps, K/V pipeline depth, shared memory. All 0 in
+    /// fast mode.
+    pub dq_block_m: u32,
+    pub dq_block_n: u32,
+    pub dq_warps: u32,
+    pub dq_kv_stages: u32,
+    pub dq_smem: u32,
+    /// Warps per block of `_pre` and `_dq_convert`.
+    pub row_warps: u32,
+}
+
+/// Entry symbols of a backward CUBIN, derived from `KernelPlan::entry`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BwdEntries {
+    pub pre: String,
+    pub main: String,
+    /// Fast mode only.
+    pub dq_convert: String,
+    /// Deterministic mode only.
+    pub dq: String,
+}
+
+impl BwdEntries {
+    pub fn of(plan: &KernelPlan) -> Self {
+        BwdEntries {
+            pre: format!("{}_pre", plan.entry),
+            main: plan.entry.clone(),
+            dq_convert: format!("{}_dq_convert", plan.entry),
+            dq: format!("{}_dq", plan.entry),
+        }
+    }
+}
+
+fn round_up(x: u32, m: u32) -> u32 {
+    x.div_ceil(m) * m
+}
+
+/// The warp grid `(wr, wc)`, `wr·wc <= warps`, that splits `rows × cols`
+/// into warp tiles that are multiples of 16 in both dims (every entry of
+/// `cols` must split evenly): most active warps first, then the smallest
+/// per-warp `rows + cols[0]` (operand traffic), then more row splits.
+pub fn warp_grid(rows: u32, cols: &[u32], warps: u32) -> Option<(u32, u32)> {
+    // Preference key: (active warps, -(per-warp rows + cols), row splits).
+    type Key = (u32, i64, u32);
+    let mut best: Option<(Key, u32, u32)> = None;
+    for wr in 1..=warps {
+        for wc in 1..=warps / wr {
+            if !rows.is_multiple_of(16 * wr) || cols.iter().any(|c| !c.is_multiple_of(16 * wc)) {
+                continue;
+            }
+            let key = (wr * wc, -((rows / wr + cols[0] / wc) as i64), wr);
+            if best.is_none_or(|(k, _, _)| key > k) {
+                best = Some((key, wr, wc));
+            }
+        }
+    }
+    best.map(|(_, wr, wc)| (wr, wc))
+}
+
+/// Shared memory of the main kernel: K and V once, Q/dO `q_stages` deep, Pᵀ
+/// and dSᵀ, and the f32 LSE/Dsum of each Q stage.
+pub fn main_smem(block_m: u32, block_n: u32, q_stages: u32, pitch_qk: u32, pitch_v: u32, pitch_m: u32) -> u32 {
+    2 * (block_n * (pitch_qk + pitch_v) + q_stages * block_m * (pitch_qk + pitch_v) + 2 * block_n * pitch_m)
+        + q_stages * 2 * block_m * 4
+}
+
+/// Shared memory of the deterministic dQ kernel: Q/dO once, K/V `stages` deep.
+pub fn dq_smem(block_m: u32, block_n: u32, stages: u32, pitch_qk: u32, pitch_v: u32) -> u32 {
+    2 * (block_m + stages * block_n) * (pitch_qk + pitch_v)
+}
+
+struct MainChoice {
+    block_m: u32,
+    block_n: u32,
+    num_warps: u32,
+    q_stages: u32,
+    warps_s: (u32, u32),
+    warps_dk: (u32, u32),
+    warps_dv: (u32, u32),
+    warps_dq: (u32, u32),
+    smem: u32,
+    regs: u32,
+}
+
+fn try_main(spec: &AttnSpec, (num_warps, block_n, block_m): (u32, u32, u32), dqk: u32, dv: u32) -> Option<MainChoice> {
+    let warps_s = warp_grid(block_n, &[block_m], num_warps)?;
+    let warps_dk = warp_grid(block_n, &[dqk], num_warps)?;
+    let warps_dv = warp_grid(block_n, &[dv], num_warps)?;
+    let warps_dq = warp_grid(block_m, &[dqk], num_warps)?;
+    // f32 values per thread (a warp tile of r x c holds r*c/32 per thread).
+    let per = |rows: u32, cols: u32| rows * cols / 32;
+    let persist = per(block_n / warps_dk.0, dqk / warps_dk.1) + per(block_n / warps_dv.0, dv / warps_dv.1);
+    let s_arrays = if spec.softcap { 3 } else { 2 };
+    let phase_s = s_arrays * per(block_n / warps_s.0, block_m / warps_s.1);
+    let phase_dq = if spec.deterministic {
+        0
+    } else {
+        per(block_m / warps_dq.0, dqk / warps_dq.1)
+    };
+    let regs = persist + phase_s.max(phase_dq) + 48;
+    if regs > REG_BUDGET || block_m > 32 * num_warps {
+        return None;
+    }
+    let pitch_m = block_m + 8;
+    let limit = spec.arch.max_smem_per_block();
+    for q_stages in [2, 1] {
+        let smem = main_smem(block_m, block_n, q_stages, dqk + 8, dv + 8, pitch_m);
+        if smem <= limit {
+            return Some(MainChoice {
+                block_m,
+                block_n,
+                num_warps,
+                q_stages,
+                warps_s,
+                warps_dk,
+                warps_dv,
+                warps_dq,
+                smem,
+                regs,
+            });
+        }
+    }
+    None
+}
+
+/// (dq_block_m, dq_block_n, dq_warps, stages, smem, regs) of the deterministic dQ kernel.
+fn try_dq(spec: &AttnSpec, dqk: u32, dv: u32) -> Option<(u32, u32, u32, u32, u32, u32)> {
+    let limit = spec.arch.max_smem_per_block();
+    let s_arrays = if spec.softcap { 3 } else { 2 };
+    for warps in [4, 2, 1] {
+        for block_n in [64, 32, 16] {
+            // Each warp owns 16 query rows: dQ accumulators 16·dqk/32, S and dP 16·block_n/32.
+            let regs = dqk / 2 + s_arrays * block_n / 2 + 48;
+            if regs > REG_BUDGET {
+                continue;
+            }
+            let block_m = 16 * warps;
+            for stages in [2, 1] {
+                let smem = dq_smem(block_m, block_n, stages, dqk + 8, dv + 8);
+                if smem <= limit {
+                    return Some((block_m, block_n, warps, stages, smem, regs));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Plan a backward spec (already validated by `plan()`). `None` when no tile
+/// shape fits (does not happen for valid specs; the unit test checks every one).
+pub fn plan_bwd_sm80(spec: &AttnSpec) -> Option<KernelPlan> {
+    // Pad the head dims to the mma k-step (16); when no tile shape fits (a
+    // prime number of 16-column groups can only be split by rows), pad
+    // further so that warps can split the columns.
+    [16, 32, 64].into_iter().find_map(|pad| plan_padded(spec, pad))
+}
+
+fn plan_padded(spec: &AttnSpec, pad: u32) -> Option<KernelPlan> {
+    let mut reasons = Vec::new();
+    let dqk = round_up(spec.head_dim_qk as u32, pad);
+    let dv = round_up(spec.head_dim_v as u32, pad);
+    if dqk != spec.head_dim_qk as u32 || dv != spec.head_dim_v as u32 {
+        reasons.push(format!(
+            "head dims {}/{} padded to {dqk}/{dv} in shared memory (multiple of {pad}: {}; pad is zero-filled)",
+            spec.head_dim_qk,
+            spec.head_dim_v,
+            if pad == 16 {
+                "the mma k-step"
+            } else {
+                "so that warps split the columns"
+            }
+        ));
+    }
+    if spec.arch == Arch::Sm90a {
+        reasons.push("sm90a: using the sm80 instruction path (mma.sync); no wgmma backward yet".into());
+    }
+    let dmax = dqk.max(dv);
+    // (warps, block_n, block_m), most preferred first. dK/dV accumulators
+    // (block_n·(dqk+dv)/threads f32 per thread) stay in registers for the
+    // whole block, which bounds block_n·d.
+    let preferred: &[(u32, u32, u32)] = if dmax <= 64 {
+        &[(8, 128, 64), (8, 64, 64), (4, 64, 64), (4, 64, 32), (4, 32, 32)]
+    } else if dmax <= 128 {
+        &[(8, 64, 64), (4, 64, 64), (4, 64, 32), (4, 32, 32), (4, 32, 16)]
+    } else {
+        &[
+            (8, 64, 32),
+            (8, 32, 32),
+            (4, 32, 32),
+            (4, 32, 16),
+            (2, 32, 16),
+            (2, 16, 16),
+        ]
+    };
+    let main = preferred.iter().find_map(|&c| try_main(spec, c, dqk, dv))?;
+    reasons.push(format!(
+        "main: {} warps, block_n={} kv rows x block_m={} query rows; warp grids S {:?}, dK {:?}, dV {:?}, dQ {:?}; ~{} regs/thread estimated",
+        main.num_warps, main.block_n, main.block_m, main.warps_s, main.warps_dk, main.warps_dv, main.warps_dq, main.regs
+    ));
+    reasons.push(format!(
+        "main: Q/dO {}-stage cp.async pipeline, Pᵀ/dSᵀ through shared memory: {} B (arch limit {} B)",
+        main.q_stages,
+        main.smem,
+        spec.arch.max_smem_per_block()
+    ));
+    let (dq_block_m, dq_block_n, dq_warps, dq_kv_stages, dq_smem_bytes) = if spec.deterministic {
+        let (m, n, w, st, smem, regs) = try_dq(spec, dqk, dv)?;
+        reasons.push(format!(
+            "det: dQ by a separate kernel, {w} warps x 16 query rows, block_n={n}, {st}-stage K/V: {smem} B, ~{regs} regs; no float atomics, bitwise repeatable"
+        ));
+        (m, n, w, st, smem)
+    } else {
+        reasons.push("fast: dQ accumulated in an f32 workspace with red.global.add, then converted".into());
+        (0, 0, 0, 0, 0)
+    };
+    reasons.push(
+        "GQA: each block loops over the query heads of its kv head, so dK/dV need no workspace and no atomics".into(),
+    );
+    let bwd = BwdPlan {
+        block_m: main.block_m,
+        block_n: main.block_n,
+        num_warps: main.num_warps,
+        q_stages: main.q_stages,
+        pitch_m: main.block_m + 8,
+        warps_s: main.warps_s,
+        warps_dk: main.warps_dk,
+        warps_dv: main.warps_dv,
+        warps_dq: main.warps_dq,
+        main_smem: main.smem,
+        dq_block_m,
+        dq_block_n,
+        dq_warps,
+        dq_kv_stages,
+        dq_smem: dq_smem_bytes,
+        row_warps: ROW_WARPS,
+    };
+    Some(KernelPlan {
+        spec: *spec,
+        template: Template::BwdSm80,
+        entry: entry_name(spec),
+        block_m: main.block_m,
+        block_n: main.block_n,
+        num_warps: main.num_warps,
+        m_tiles_per_warp: main.block_n / main.warps_s.0 / 16,
+        stages: main.q_stages,
+        head_dim_qk_padded: dqk,
+        head_dim_v_padded: dv,
+        smem_pitch_qk: dqk + 8,
+        smem_pitch_v: dv + 8,
+        smem_bytes: main.smem.max(dq_smem_bytes),
+        min_blocks_per_sm: 1,
+        compile_options: Vec::new(),
+        grid: GridRule::BatchHeadsByQueryTiles,
+        reasons,
+        bwd: Some(bwd),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::plan;
+    use crate::spec::{DType, Direction, Layout, Mask};
+
+    fn all_bwd_specs() -> Vec<AttnSpec> {
+        let mut v = Vec::new();
+        for &arch in Arch::ALL {
+            for qk in (8..=256).step_by(8) {
+                for dv in [qk, 64, 256] {
+                    for softcap in [false, true] {
+                        for det in [false, true] {
+                            v.push(AttnSpec {
+                                direction: Direction::Bwd,
+                                dtype: DType::Bf16,
+                                head_dim_qk: qk as u16,
+                                head_dim_v: dv as u16,
+                                layout: Layout::Dense,
+                                mask: Mask::CausalBottomRight,
+                                softcap,
+                                deterministic: det,
+                                arch,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn every_bwd_spec_plans_and_fits() {
+        for spec in all_bwd_specs() {
+            let p = plan(&spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
+            assert_eq!(p, plan(&spec).unwrap());
+            let b = p.bwd.as_ref().unwrap();
+            let limit = spec.arch.max_smem_per_block();
+            assert!(
+                b.main_smem <= limit && b.dq_smem <= limit && p.smem_bytes <= limit,
+                "{spec}"
+            );
+            for (r, c) in [b.warps_s, b.warps_dk, b.warps_dv, b.warps_dq] {
+                assert!(r * c <= b.num_warps && r * c >= 1, "{spec}");
+            }
+            assert!(b.block_n.is_multiple_of(16 * b.warps_s.0) && b.block_m.is_multiple_of(16 * b.warps_s.1));
+            assert!(b.block_n.is_multiple_of(16 * b.warps_dk.0) && b.block_n.is_multiple_of(16 * b.warps_dv.0));
+            assert!(p.head_dim_qk_padded.is_multiple_of(16 * b.warps_dk.1));
+            assert!(p.head_dim_v_padded.is_multiple_of(16 * b.warps_dv.1));
+            assert!(b.block_m.is_multiple_of(16 * b.warps_dq.0));
+            assert!(p.head_dim_qk_padded.is_multiple_of(16 * b.warps_dq.1));
+            assert!(b.block_m <= 32 * b.num_warps, "LSE/Dsum rows are loaded one per thread");
+            assert_eq!(spec.deterministic, b.dq_warps > 0, "{spec}");
+            if spec.deterministic {
+                assert_eq!(b.dq_block_m, 16 * b.dq_warps);
+            }
+        }
+    }
+
+    #[test]
+    fn entries_derive_from_the_base() {
+        let spec: AttnSpec = "bwd.bf16.d128.causal-br.dense.det.sm90a".parse().unwrap();
+        let p = plan(&spec).unwrap();
+        let e = BwdEntries::of(&p);
+        assert_eq!(e.main, p.entry);
+        assert_eq!(e.pre, format!("{}_pre", p.entry));
+        assert_eq!(e.dq, format!("{}_dq", p.entry));
+        assert_eq!(p.template, Template::BwdSm80);
+    }
+
+    #[test]
+    fn warp_grid_prefers_square_full_grids() {
+        assert_eq!(warp_grid(64, &[64], 8), Some((4, 2)));
+        assert_eq!(warp_grid(128, &[64], 8), Some((4, 2)));
+        assert_eq!(warp_grid(64, &[16], 8), Some((4, 1)));
+        assert_eq!(warp_grid(64, &[48, 48], 8), Some((2, 3)));
+        assert_eq!(warp_grid(8, &[16], 8), None);
+    }
+}

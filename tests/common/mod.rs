@@ -1,0 +1,87 @@
+//! Host helpers shared by the GPU suites (`gpu_fwd`, `gpu_bwd`): device
+//! buffers, element conversion, a normal sampler, tensor offsets.
+#![allow(dead_code)] // each suite uses a subset
+
+use attnforge::launch::TensorArg;
+use attnforge::DType;
+use cudarc::driver::result;
+
+/// Minimal normal sampler (Box-Muller) so the suites need no extra crate.
+pub fn normal<R: rand::Rng>(rng: &mut R) -> f64 {
+    let u1: f64 = rng.gen_range(f64::EPSILON..1.0);
+    let u2: f64 = rng.gen();
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}
+
+/// A device allocation, freed on drop.
+pub struct Buf {
+    pub ptr: u64,
+    pub bytes: usize,
+}
+
+impl Buf {
+    pub fn new(bytes: usize) -> Buf {
+        let bytes = bytes.max(16);
+        // SAFETY: plain device allocation in the current context.
+        let ptr = unsafe { result::malloc_sync(bytes) }.expect("cuMemAlloc");
+        Buf { ptr, bytes }
+    }
+    pub fn upload<T>(data: &[T]) -> Buf {
+        let b = Buf::new(std::mem::size_of_val(data));
+        // SAFETY: b holds at least size_of_val(data) bytes.
+        unsafe { result::memcpy_htod_sync(b.ptr, data) }.expect("cuMemcpyHtoD");
+        b
+    }
+    /// Fill with 0xFF bytes (NaN for f16, bf16 and f32).
+    pub fn poison(&self) {
+        // SAFETY: the whole allocation.
+        unsafe { result::memset_d8_sync(self.ptr, 0xff, self.bytes) }.expect("cuMemsetD8");
+    }
+    pub fn download<T: Copy + Default>(&self, n: usize) -> Vec<T> {
+        let mut v = vec![T::default(); n];
+        // SAFETY: n elements fit in the allocation.
+        unsafe { result::memcpy_dtoh_sync(&mut v, self.ptr) }.expect("cuMemcpyDtoH");
+        v
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by malloc_sync.
+        unsafe {
+            let _ = result::free_sync(self.ptr);
+        }
+    }
+}
+
+pub fn to_bits(x: f64, dt: DType) -> u16 {
+    match dt {
+        DType::F16 => half::f16::from_f64(x).to_bits(),
+        DType::Bf16 => half::bf16::from_f64(x).to_bits(),
+    }
+}
+
+pub fn from_bits(b: u16, dt: DType) -> f64 {
+    match dt {
+        DType::F16 => half::f16::from_bits(b).to_f64(),
+        DType::Bf16 => half::bf16::from_bits(b).to_f64(),
+    }
+}
+
+/// Element offset of (batch, token, head, col) in a tensor argument.
+pub fn off(t: &TensorArg, b: usize, s: usize, h: usize, c: usize) -> usize {
+    (t.stride_batch * b as i64 + t.stride_seq * s as i64 + t.stride_head * h as i64) as usize + c
+}
+
+/// The seed of this run: `ATTNFORGE_SEED`, else the clock.
+pub fn seed() -> u64 {
+    std::env::var("ATTNFORGE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        })
+}

@@ -1,0 +1,770 @@
+//! GPU correctness suite for the generated backward kernels.
+//!
+//! Data-driven like `gpu_fwd`: one table of cases (spec, shapes, memory
+//! layout, window, softcap) runs through the whole pipeline — spec → plan →
+//! render → NVRTC → cache → load → launch on a stream. Each case draws random
+//! Q, K, V, dO, runs our forward kernel for O and LSE, poisons dQ, dK, dV,
+//! Dsum and the workspace (0xFF bytes = NaN), runs the backward, and compares
+//! dQ, dK, dV with the f64 reference `attnforge::reference::attention_bwd`
+//! (relative L2 error per tensor). Every output element must be written and
+//! finite, rows that see no key must get exactly zero dQ, and deterministic
+//! specs run twice and must match bitwise.
+//!
+//! Needs a CUDA GPU; without one it prints a skip line and passes. On Hopper
+//! the sm80-path specs run as their `.sm90a` build. `ATTNFORGE_GPU_CASES=str`
+//! runs only the cases whose spec contains `str`; `ATTNFORGE_SEED` fixes the
+//! inputs; `ATTNFORGE_BWD_BENCH=1` adds a timing table (informational).
+
+mod common;
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use attnforge::launch::{self, FwdArgs, FwdProblem, TensorArg};
+use attnforge::launch_bwd::{self, BwdArgs};
+use attnforge::reference::{attention_bwd, visible, RefProblem};
+use attnforge::{AttnSpec, DType, Direction, Layout};
+use common::{from_bits, normal, off, to_bits, Buf};
+use cudarc::driver::sys;
+use rand::SeedableRng;
+
+/// How the tensors of a dense case sit in memory.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mem {
+    Bshd,
+    Bhsd,
+    /// Q, K, V, O in BSHD; dO, dQ, dK, dV in BHSD (catches mixed-up strides).
+    Mixed,
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    spec: &'static str,
+    batch: usize,
+    heads_q: usize,
+    heads_kv: usize,
+    /// Dense: one (sq, sk) for all batch entries. THD: one pair per sequence.
+    lens: Vec<(usize, usize)>,
+    mem: Mem,
+    window: (i32, i32),
+    softcap: f32,
+}
+
+fn dense(spec: &'static str, b: usize, hq: usize, hkv: usize, sq: usize, sk: usize) -> Case {
+    Case {
+        spec,
+        batch: b,
+        heads_q: hq,
+        heads_kv: hkv,
+        lens: vec![(sq, sk)],
+        mem: Mem::Bshd,
+        window: (-1, -1),
+        softcap: 0.0,
+    }
+}
+
+fn thd(spec: &'static str, hq: usize, hkv: usize, lens: &[(usize, usize)]) -> Case {
+    Case {
+        spec,
+        batch: lens.len(),
+        heads_q: hq,
+        heads_kv: hkv,
+        lens: lens.to_vec(),
+        mem: Mem::Bshd,
+        window: (-1, -1),
+        softcap: 0.0,
+    }
+}
+
+impl Case {
+    fn mem(mut self, m: Mem) -> Self {
+        self.mem = m;
+        self
+    }
+    fn window(mut self, l: i32, r: i32) -> Self {
+        self.window = (l, r);
+        self
+    }
+    fn softcap(mut self, c: f32) -> Self {
+        self.softcap = c;
+        self
+    }
+}
+
+/// The table. Odd sizes on purpose: 1, 17, 127, 1000; sq != sk both ways
+/// (sq > sk under bottom-right causal leaves rows that see no key); GQA
+/// 1/4/8; ragged batches with empty and one-token sequences; every mask,
+/// softcap, deterministic mode, head dims 40 (padded), 64, 128, 192/128, 256.
+fn cases() -> Vec<Case> {
+    vec![
+        dense("bwd.bf16.d128.none.dense.sm80", 2, 4, 4, 1000, 1000),
+        dense("bwd.f16.d128.none.dense.sm80", 2, 4, 4, 1000, 1000).mem(Mem::Mixed),
+        dense("bwd.bf16.d64.none.dense.sm80", 2, 4, 4, 127, 1000),
+        dense("bwd.f16.d64.none.dense.sm80", 1, 8, 1, 1, 1000),
+        dense("bwd.bf16.d128.causal-tl.dense.sm80", 1, 4, 4, 1000, 1000),
+        dense("bwd.bf16.d128.causal-br.dense.sm80", 1, 8, 2, 17, 1000),
+        dense("bwd.f16.d64.causal-br.dense.sm80", 1, 4, 4, 1000, 127).mem(Mem::Bhsd),
+        dense("bwd.f16.d64.causal-tl.dense.sm80", 1, 4, 4, 1000, 127),
+        dense("bwd.bf16.d128.window.dense.sm80", 2, 8, 2, 1000, 1000).window(100, 0),
+        dense("bwd.f16.d128.window.dense.sm80", 1, 4, 4, 127, 1000).window(37, 64),
+        dense("bwd.bf16.d64.window.dense.sm80", 1, 4, 4, 1000, 1000)
+            .window(-1, 17)
+            .mem(Mem::Bhsd),
+        dense("bwd.bf16.d128.none.dense.softcap.sm80", 1, 4, 4, 1000, 1000).softcap(30.0),
+        dense("bwd.f16.d64.causal-br.dense.softcap.sm80", 1, 4, 4, 127, 127).softcap(5.0),
+        dense("bwd.bf16.d128.causal-br.dense.det.sm80", 1, 8, 2, 1000, 1000).mem(Mem::Mixed),
+        dense("bwd.f16.d128.none.dense.det.sm80", 2, 4, 4, 17, 127),
+        dense("bwd.bf16.d256.none.dense.sm80", 1, 2, 2, 257, 513),
+        dense("bwd.f16.d256.causal-br.dense.softcap.det.sm80", 1, 2, 1, 300, 300).softcap(20.0),
+        dense("bwd.bf16.d40.causal-tl.dense.sm80", 1, 4, 2, 127, 127),
+        dense("bwd.bf16.d192v128.causal-br.dense.sm80", 1, 4, 2, 200, 300),
+        thd(
+            "bwd.bf16.d128.none.thd.sm80",
+            4,
+            4,
+            &[(0, 0), (1, 1), (1000, 1000), (17, 300), (127, 0), (300, 17)],
+        ),
+        thd(
+            "bwd.f16.d64.causal-br.thd.sm80",
+            8,
+            2,
+            &[(17, 17), (0, 5), (1, 1000), (1000, 127), (255, 256)],
+        ),
+        thd(
+            "bwd.bf16.d128.causal-tl.thd.sm80",
+            4,
+            4,
+            &[(1000, 1000), (1, 1), (64, 200)],
+        ),
+        thd(
+            "bwd.f16.d64.window.thd.softcap.det.sm80",
+            4,
+            1,
+            &[(500, 700), (0, 0), (33, 33), (1, 1)],
+        )
+        .window(64, 8)
+        .softcap(20.0),
+        thd(
+            "bwd.bf16.d128.causal-br.thd.det.sm90a",
+            8,
+            1,
+            &[(300, 300), (0, 7), (129, 1)],
+        ),
+        dense("bwd.bf16.d128.none.dense.sm90a", 1, 8, 1, 1000, 1000),
+    ]
+}
+
+/// Relative L2 error bound of dQ, dK and dV per dtype.
+fn bound(dt: DType) -> f64 {
+    match dt {
+        DType::Bf16 => 2e-2,
+        DType::F16 => 5e-3,
+    }
+}
+
+struct Outcome {
+    /// Relative L2 error of dQ, dK, dV.
+    rel: [f64; 3],
+    /// Deterministic specs: whether a second run matched bitwise.
+    repeat_equal: Option<bool>,
+    problems: Vec<String>,
+}
+
+/// Reference dQ, dK, dV of one (sequence, kv head) unit.
+type Grads = (Vec<f64>, Vec<f64>, Vec<f64>);
+
+fn fwd_of(spec: &AttnSpec) -> AttnSpec {
+    AttnSpec {
+        direction: Direction::Fwd,
+        deterministic: false,
+        ..*spec
+    }
+}
+
+/// Running squared error and squared reference norm of one output tensor.
+#[derive(Default)]
+struct Err2 {
+    err: f64,
+    norm: f64,
+}
+
+impl Err2 {
+    fn add(&mut self, got: f64, want: f64, what: impl FnOnce() -> String, problems: &mut Vec<String>) {
+        if !got.is_finite() {
+            if problems.len() < 6 {
+                problems.push(format!("{} = {got} (unwritten or NaN)", what()));
+            }
+            self.err = f64::INFINITY;
+        } else {
+            self.err += (got - want).powi(2);
+        }
+        self.norm += want * want;
+    }
+    fn rel(&self) -> f64 {
+        if self.norm > 0.0 {
+            (self.err / self.norm).sqrt()
+        } else {
+            self.err.sqrt()
+        }
+    }
+}
+
+fn run_case(c: &Case, spec: AttnSpec, rng: &mut rand::rngs::StdRng) -> Outcome {
+    let dt = spec.dtype;
+    let (dq, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
+    let (hq, hkv) = (c.heads_q, c.heads_kv);
+    let ratio = hq / hkv;
+    let is_thd = spec.layout == Layout::Thd;
+    let lens: Vec<(usize, usize)> = if is_thd {
+        c.lens.clone()
+    } else {
+        vec![c.lens[0]; c.batch]
+    };
+    let sq_max = lens.iter().map(|l| l.0).max().unwrap_or(0);
+    let sk_max = lens.iter().map(|l| l.1).max().unwrap_or(0);
+    let total_q: usize = lens.iter().map(|l| l.0).sum();
+    let total_k: usize = lens.iter().map(|l| l.1).sum();
+    let prefix = |which: usize| -> Vec<i32> {
+        let mut v = vec![0i32];
+        for l in &lens {
+            let x = if which == 0 { l.0 } else { l.1 };
+            v.push(v.last().unwrap() + x as i32);
+        }
+        v
+    };
+    let (cu_q, cu_k) = (prefix(0), prefix(1));
+    // Token of sequence b's first row (dense: 0 within its batch entry) and the batch index.
+    let tok = |b: usize, which: usize| -> usize {
+        if is_thd {
+            (if which == 0 { cu_q[b] } else { cu_k[b] }) as usize
+        } else {
+            0
+        }
+    };
+    let bidx = |b: usize| if is_thd { 0 } else { b };
+
+    let (inputs_mem, grads_mem) = match c.mem {
+        Mem::Mixed => (Mem::Bshd, Mem::Bhsd),
+        m => (m, m),
+    };
+    let mk = |mem: Mem, s: usize, h: usize, d: usize| -> TensorArg {
+        if is_thd {
+            TensorArg::thd(0, h as i64, d as i64)
+        } else if mem == Mem::Bhsd {
+            TensorArg::bhsd(0, s as i64, h as i64, d as i64)
+        } else {
+            TensorArg::bshd(0, s as i64, h as i64, d as i64)
+        }
+    };
+    let tq = mk(inputs_mem, sq_max, hq, dq);
+    let tk = mk(inputs_mem, sk_max, hkv, dq);
+    let tv = mk(inputs_mem, sk_max, hkv, dv);
+    let to = mk(inputs_mem, sq_max, hq, dv);
+    let tdo = mk(grads_mem, sq_max, hq, dv);
+    let tdq = mk(grads_mem, sq_max, hq, dq);
+    let tdk = mk(grads_mem, sk_max, hkv, dq);
+    let tdv = mk(grads_mem, sk_max, hkv, dv);
+    let rows_q = if is_thd { total_q } else { c.batch * sq_max };
+    let rows_k = if is_thd { total_k } else { c.batch * sk_max };
+    let (n_q, n_k, n_v, n_o) = (rows_q * hq * dq, rows_k * hkv * dq, rows_k * hkv * dv, rows_q * hq * dv);
+
+    // Random inputs, rounded to the element type; the reference sees the rounded values.
+    let mut fill = |n: usize| -> Vec<u16> { (0..n).map(|_| to_bits(normal(rng), dt)).collect() };
+    let (h_q, h_k, h_v, h_do) = (fill(n_q), fill(n_k), fill(n_v), fill(n_o));
+    let (b_q, b_k, b_v, b_do) = (
+        Buf::upload(&h_q),
+        Buf::upload(&h_k),
+        Buf::upload(&h_v),
+        Buf::upload(&h_do),
+    );
+    let b_o = Buf::new(n_o * 2);
+    b_o.poison();
+    let lse_len = if is_thd { hq * total_q } else { c.batch * hq * sq_max };
+    let b_lse = Buf::new(lse_len * 4);
+    b_lse.poison();
+    let b_cu_q = Buf::upload(&cu_q);
+    let b_cu_k = Buf::upload(&cu_k);
+    let with = |t: TensorArg, base: u64| TensorArg { ptr: base + t.ptr, ..t };
+    let problem = FwdProblem {
+        batch: c.batch as u32,
+        heads_q: hq as u32,
+        heads_kv: hkv as u32,
+        seqlen_q: sq_max as u32,
+        seqlen_k: sk_max as u32,
+        cu_seqlens_q: is_thd.then_some(b_cu_q.ptr),
+        cu_seqlens_k: is_thd.then_some(b_cu_k.ptr),
+        total_q: total_q as u32,
+        scale: None,
+        softcap: c.softcap,
+        window: c.window,
+    };
+    let mut problems = Vec::new();
+
+    // Forward with our kernel: O and LSE.
+    let fwd = fwd_of(&spec);
+    let fk = match attnforge::get_or_build(&fwd) {
+        Ok(k) => k,
+        Err(e) => {
+            return Outcome {
+                rel: [f64::INFINITY; 3],
+                repeat_equal: None,
+                problems: vec![format!("{fwd}: {e}")],
+            }
+        }
+    };
+    let fargs = FwdArgs {
+        q: with(tq, b_q.ptr),
+        k: with(tk, b_k.ptr),
+        v: with(tv, b_v.ptr),
+        o: with(to, b_o.ptr),
+        lse: b_lse.ptr,
+        problem: problem.clone(),
+    };
+    let floaded = launch::load(&fk).expect("load fwd");
+    // SAFETY: buffers sized for the shapes above, null stream.
+    unsafe { launch::launch_fwd(&floaded, &fargs, std::ptr::null_mut()) }.expect("launch fwd");
+
+    // Backward.
+    let bk = match attnforge::get_or_build(&spec) {
+        Ok(k) => k,
+        Err(e) => {
+            return Outcome {
+                rel: [f64::INFINITY; 3],
+                repeat_equal: None,
+                problems: vec![format!("{spec}: {e}")],
+            }
+        }
+    };
+    let (b_dq, b_dk, b_dv) = (Buf::new(n_q * 2), Buf::new(n_k * 2), Buf::new(n_v * 2));
+    let b_dsum = Buf::new(lse_len * 4);
+    let ws_bytes = launch_bwd::bwd_workspace_bytes(&bk.plan, &problem);
+    let b_ws = Buf::new(ws_bytes as usize);
+    let bargs = BwdArgs {
+        q: with(tq, b_q.ptr),
+        k: with(tk, b_k.ptr),
+        v: with(tv, b_v.ptr),
+        o: with(to, b_o.ptr),
+        d_o: with(tdo, b_do.ptr),
+        lse: b_lse.ptr,
+        dsum: b_dsum.ptr,
+        dq: with(tdq, b_dq.ptr),
+        dk: with(tdk, b_dk.ptr),
+        dv: with(tdv, b_dv.ptr),
+        problem: problem.clone(),
+    };
+    let bloaded = launch::load(&bk).expect("load bwd");
+    let run_bwd = || -> (Vec<u16>, Vec<u16>, Vec<u16>) {
+        for b in [&b_dq, &b_dk, &b_dv, &b_dsum, &b_ws] {
+            b.poison();
+        }
+        // SAFETY: buffers sized for the shapes above; workspace of the stated size; null stream.
+        unsafe { launch_bwd::launch_bwd(&bloaded, &bargs, b_ws.ptr, ws_bytes, std::ptr::null_mut()) }
+            .expect("launch bwd");
+        // SAFETY: synchronize the context; a kernel fault surfaces here.
+        unsafe { sys::cuCtxSynchronize() }.result().expect("kernel execution");
+        (b_dq.download(n_q), b_dk.download(n_k), b_dv.download(n_v))
+    };
+    let (g_dq, g_dk, g_dv) = run_bwd();
+    let repeat_equal = spec.deterministic.then(|| {
+        let again = run_bwd();
+        again.0 == g_dq && again.1 == g_dk && again.2 == g_dv
+    });
+
+    // The reference, per (sequence, kv head), in parallel.
+    let scale = 1.0 / (dq as f64).sqrt();
+    let units: Vec<(usize, usize)> = (0..c.batch).flat_map(|b| (0..hkv).map(move |k| (b, k))).collect();
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Grads>>> = Mutex::new(vec![None; units.len()]);
+    let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(4);
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let u = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&(bi, hk)) = units.get(u) else { break };
+                let (lq, lk) = lens[bi];
+                let gather =
+                    |host: &[u16], t: &TensorArg, which: usize, len: usize, heads: std::ops::Range<usize>, d: usize| {
+                        let mut out = Vec::with_capacity(len * heads.len() * d);
+                        for si in 0..len {
+                            for hh in heads.clone() {
+                                for cc in 0..d {
+                                    out.push(from_bits(host[off(t, bidx(bi), tok(bi, which) + si, hh, cc)], dt));
+                                }
+                            }
+                        }
+                        out
+                    };
+                let group = hk * ratio..(hk + 1) * ratio;
+                let q = gather(&h_q, &tq, 0, lq, group.clone(), dq);
+                let d_o = gather(&h_do, &tdo, 0, lq, group, dv);
+                let k = gather(&h_k, &tk, 1, lk, hk..hk + 1, dq);
+                let v = gather(&h_v, &tv, 1, lk, hk..hk + 1, dv);
+                let r = attention_bwd(
+                    &RefProblem {
+                        q: &q,
+                        k: &k,
+                        v: &v,
+                        seqlen_q: lq,
+                        seqlen_k: lk,
+                        heads_q: ratio,
+                        heads_kv: 1,
+                        d_qk: dq,
+                        d_v: dv,
+                        scale,
+                        softcap: c.softcap as f64,
+                        mask: spec.mask,
+                        window: (c.window.0 as i64, c.window.1 as i64),
+                    },
+                    &d_o,
+                );
+                results.lock().unwrap()[u] = Some(r);
+            });
+        }
+    });
+    let results = results.into_inner().unwrap();
+
+    let (mut e_dq, mut e_dk, mut e_dv) = (Err2::default(), Err2::default(), Err2::default());
+    let mut nonzero_masked = 0usize;
+    for (u, &(bi, hk)) in units.iter().enumerate() {
+        let (lq, lk) = lens[bi];
+        let (rq, rk, rv) = results[u].as_ref().expect("reference result");
+        for si in 0..lq {
+            let (lo, hi) = visible(
+                spec.mask,
+                (c.window.0 as i64, c.window.1 as i64),
+                si as i64,
+                lq as i64,
+                lk as i64,
+            );
+            for j in 0..ratio {
+                let h = hk * ratio + j;
+                for cc in 0..dq {
+                    let got = from_bits(g_dq[off(&tdq, bidx(bi), tok(bi, 0) + si, h, cc)], dt);
+                    let want = rq[(si * ratio + j) * dq + cc];
+                    e_dq.add(got, want, || format!("dQ[b{bi} s{si} h{h} c{cc}]"), &mut problems);
+                    if lo > hi && got != 0.0 {
+                        nonzero_masked += 1;
+                    }
+                }
+            }
+        }
+        for sj in 0..lk {
+            for cc in 0..dq {
+                let got = from_bits(g_dk[off(&tdk, bidx(bi), tok(bi, 1) + sj, hk, cc)], dt);
+                e_dk.add(
+                    got,
+                    rk[sj * dq + cc],
+                    || format!("dK[b{bi} s{sj} h{hk} c{cc}]"),
+                    &mut problems,
+                );
+            }
+            for cc in 0..dv {
+                let got = from_bits(g_dv[off(&tdv, bidx(bi), tok(bi, 1) + sj, hk, cc)], dt);
+                e_dv.add(
+                    got,
+                    rv[sj * dv + cc],
+                    || format!("dV[b{bi} s{sj} h{hk} c{cc}]"),
+                    &mut problems,
+                );
+            }
+        }
+    }
+    if nonzero_masked > 0 {
+        problems.push(format!(
+            "{nonzero_masked} dQ elements of rows that see no key are not exactly 0"
+        ));
+    }
+    if repeat_equal == Some(false) {
+        problems.push("deterministic spec: a second run differs bitwise".into());
+    }
+    Outcome {
+        rel: [e_dq.rel(), e_dk.rel(), e_dv.rel()],
+        repeat_equal,
+        problems,
+    }
+}
+
+/// Registers and spills of every entry point of a built kernel, from its ptxas log.
+fn resources(spec: &AttnSpec) -> String {
+    let Ok(k) = attnforge::get_or_build(spec) else {
+        return "build failed".into();
+    };
+    let mut parts = Vec::new();
+    for r in attnforge::compile::parse_ptxas_log(&k.meta.log) {
+        let short = r.entry.strip_prefix(&k.plan.entry).unwrap_or(&r.entry);
+        let name = if short.is_empty() {
+            "main"
+        } else {
+            short.trim_start_matches('_')
+        };
+        let spill = r.spill_stores + r.spill_loads;
+        parts.push(format!(
+            "{name} {}r{}",
+            r.registers,
+            if spill > 0 {
+                format!(" SPILL {spill}B")
+            } else {
+                String::new()
+            }
+        ));
+    }
+    let b = k.plan.bwd.as_ref();
+    format!(
+        "{}; smem main {} B{}",
+        parts.join(", "),
+        b.map(|b| b.main_smem).unwrap_or(0),
+        b.filter(|b| b.dq_smem > 0)
+            .map(|b| format!(", dq {} B", b.dq_smem))
+            .unwrap_or_default()
+    )
+}
+
+/// `ATTNFORGE_BWD_BENCH=1`: time the whole backward (all its kernels) on a few
+/// training-sized shapes after the correctness table. Informational only.
+fn bench(cc: (i32, i32), device_arch: attnforge::Arch) {
+    let shapes: &[(&str, usize, usize, usize)] = &[
+        ("bwd.bf16.d128.none.dense.sm80", 2, 16, 4096),
+        ("bwd.bf16.d128.causal-br.dense.sm80", 2, 16, 4096),
+        ("bwd.bf16.d128.causal-br.dense.det.sm80", 2, 16, 4096),
+        ("bwd.bf16.d64.causal-br.dense.sm80", 2, 32, 4096),
+        ("bwd.bf16.d256.causal-br.dense.sm80", 2, 8, 4096),
+    ];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    println!("\n| spec | batch x heads x seqlen | bwd ms | TFLOP/s (bwd = 2.5 x fwd flops) |\n|---|---|---|---|");
+    for &(s, b, h, len) in shapes {
+        let mut spec: AttnSpec = s.parse().expect("bench spec");
+        if cc.0 != 8 {
+            spec = spec.with_arch(device_arch);
+        }
+        let d = spec.head_dim_qk as usize;
+        let n = b * len * h * d;
+        let host: Vec<u16> = (0..n).map(|_| to_bits(normal(&mut rng), spec.dtype)).collect();
+        let (q, k, v, d_o) = (
+            Buf::upload(&host),
+            Buf::upload(&host),
+            Buf::upload(&host),
+            Buf::upload(&host),
+        );
+        let (o, dq, dk, dv) = (Buf::new(n * 2), Buf::new(n * 2), Buf::new(n * 2), Buf::new(n * 2));
+        let (lse, dsum) = (Buf::new(b * h * len * 4), Buf::new(b * h * len * 4));
+        let t = |ptr: u64| TensorArg::bshd(ptr, len as i64, h as i64, d as i64);
+        let problem = FwdProblem {
+            batch: b as u32,
+            heads_q: h as u32,
+            heads_kv: h as u32,
+            seqlen_q: len as u32,
+            seqlen_k: len as u32,
+            window: (-1, -1),
+            ..Default::default()
+        };
+        let (Ok(fk), Ok(bk)) = (attnforge::get_or_build(&fwd_of(&spec)), attnforge::get_or_build(&spec)) else {
+            println!("| {spec} | build failed | | |");
+            continue;
+        };
+        let fl = launch::load(&fk).expect("load fwd");
+        let bl = launch::load(&bk).expect("load bwd");
+        let fa = FwdArgs {
+            q: t(q.ptr),
+            k: t(k.ptr),
+            v: t(v.ptr),
+            o: t(o.ptr),
+            lse: lse.ptr,
+            problem: problem.clone(),
+        };
+        let ws_bytes = launch_bwd::bwd_workspace_bytes(&bk.plan, &problem);
+        let ws = Buf::new(ws_bytes as usize);
+        let ba = BwdArgs {
+            q: t(q.ptr),
+            k: t(k.ptr),
+            v: t(v.ptr),
+            o: t(o.ptr),
+            d_o: t(d_o.ptr),
+            lse: lse.ptr,
+            dsum: dsum.ptr,
+            dq: t(dq.ptr),
+            dk: t(dk.ptr),
+            dv: t(dv.ptr),
+            problem,
+        };
+        // SAFETY: buffers sized for the shapes above; null stream; synchronized below.
+        unsafe {
+            launch::launch_fwd(&fl, &fa, std::ptr::null_mut()).expect("fwd");
+            for _ in 0..2 {
+                launch_bwd::launch_bwd(&bl, &ba, ws.ptr, ws_bytes, std::ptr::null_mut()).expect("bwd");
+            }
+            sys::cuCtxSynchronize().result().expect("sync");
+        }
+        let iters = 10;
+        let t0 = std::time::Instant::now();
+        // SAFETY: as above.
+        unsafe {
+            for _ in 0..iters {
+                launch_bwd::launch_bwd(&bl, &ba, ws.ptr, ws_bytes, std::ptr::null_mut()).expect("bwd");
+            }
+            sys::cuCtxSynchronize().result().expect("sync");
+        }
+        let secs = t0.elapsed().as_secs_f64() / iters as f64;
+        let causal = if spec.mask == attnforge::Mask::None { 1.0 } else { 0.5 };
+        let flops = 2.5 * 4.0 * (b * h) as f64 * (len * len) as f64 * d as f64 * causal;
+        println!(
+            "| {spec} | {b} x {h} x {len} | {:.3} | {:.1} |",
+            secs * 1e3,
+            flops / secs / 1e12
+        );
+    }
+}
+
+/// `harness = false`: a plain main, so the skip line is printed in CI logs.
+fn main() {
+    gpu_backward_matches_f64_reference();
+    println!("gpu_bwd: done");
+}
+
+fn gpu_backward_matches_f64_reference() {
+    if !launch::driver_available() {
+        println!(
+            "gpu_bwd: skipped: no CUDA driver on this machine (the GPU suite runs on the H200 via `make gpu-test`)"
+        );
+        return;
+    }
+    if let Err(e) = launch::ensure_context(0) {
+        println!("gpu_bwd: skipped: no usable CUDA device ({e})");
+        return;
+    }
+    let cc = launch::current_compute_capability().expect("compute capability");
+    let Some(device_arch) = attnforge::Arch::from_compute_capability(cc.0, cc.1) else {
+        println!(
+            "gpu_bwd: skipped: compute capability {}.{} is not an attnforge target",
+            cc.0, cc.1
+        );
+        return;
+    };
+    let seed = common::seed();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let only = std::env::var("ATTNFORGE_GPU_CASES").ok();
+
+    // The table names the sm80 instruction path; SASS does not run across
+    // major versions, so an sm80 spec runs as its sm90a build on Hopper.
+    let mut todo: Vec<(Case, AttnSpec)> = Vec::new();
+    for c in cases() {
+        if let Some(f) = &only {
+            if !c.spec.contains(f.as_str()) {
+                continue;
+            }
+        }
+        let mut spec: AttnSpec = c.spec.parse().expect("case spec");
+        if spec.arch == attnforge::Arch::Sm90a && cc != (9, 0) {
+            continue;
+        }
+        if cc.0 != 8 {
+            spec = spec.with_arch(device_arch);
+        }
+        todo.push((c, spec));
+    }
+
+    // Build every kernel first, in parallel (NVRTC compiles are independent).
+    let mut specs: Vec<AttnSpec> = todo.iter().flat_map(|(_, s)| [*s, fwd_of(s)]).collect();
+    specs.sort();
+    specs.dedup();
+    let started = std::time::Instant::now();
+    let next = AtomicUsize::new(0);
+    let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(4);
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(spec) = specs.get(i) else { break };
+                if let Err(e) = attnforge::get_or_build(spec) {
+                    eprintln!("gpu_bwd: build {spec}: {e}");
+                }
+            });
+        }
+    });
+    println!(
+        "gpu_bwd: built {} kernels in {:.1}s with {jobs} jobs",
+        specs.len(),
+        started.elapsed().as_secs_f64()
+    );
+
+    let mut table = String::new();
+    let _ = writeln!(table, "seed {seed}, device compute capability {}.{}\n", cc.0, cc.1);
+    let _ = writeln!(
+        table,
+        "| spec | batch x heads (q/kv) | lens (q,k) | memory | window | softcap | dQ rel | dK rel | dV rel | bound | det repeat | result |"
+    );
+    let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut res_table = String::new();
+    let _ = writeln!(res_table, "| spec | registers per entry point; shared memory |");
+    let _ = writeln!(res_table, "|---|---|");
+    let mut failed = 0;
+    let mut seen = Vec::new();
+    for (c, spec) in &todo {
+        let t0 = std::time::Instant::now();
+        let out = run_case(c, *spec, &mut rng);
+        let bnd = bound(spec.dtype);
+        let ok = out.rel.iter().all(|r| *r <= bnd) && out.problems.is_empty();
+        if !ok {
+            failed += 1;
+        }
+        let lens = if c.lens.len() > 3 {
+            format!("{:?}…", &c.lens[..3])
+        } else {
+            format!("{:?}", c.lens)
+        };
+        let rep = match out.repeat_equal {
+            Some(true) => "bitwise equal",
+            Some(false) => "DIFFERS",
+            None => "-",
+        };
+        let _ = writeln!(
+            table,
+            "| {} | {} x {}/{} | {} | {:?} | {:?} | {} | {:.2e} | {:.2e} | {:.2e} | {:.0e} | {} | {} |",
+            spec,
+            c.batch,
+            c.heads_q,
+            c.heads_kv,
+            lens,
+            c.mem,
+            c.window,
+            c.softcap,
+            out.rel[0],
+            out.rel[1],
+            out.rel[2],
+            bnd,
+            rep,
+            if ok {
+                "ok".to_string()
+            } else {
+                format!("FAIL {}", out.problems.join("; "))
+            }
+        );
+        println!(
+            "{} {} dq={:.2e} dk={:.2e} dv={:.2e} {} ({:.1}s) {:?}",
+            if ok { "ok  " } else { "FAIL" },
+            spec,
+            out.rel[0],
+            out.rel[1],
+            out.rel[2],
+            rep,
+            t0.elapsed().as_secs_f64(),
+            out.problems
+        );
+        if !seen.contains(spec) {
+            seen.push(*spec);
+            let _ = writeln!(res_table, "| {} | {} |", spec, resources(spec));
+        }
+    }
+    let report = format!("{table}\n{res_table}");
+    println!("\n{report}");
+    if let Ok(dir) = std::env::var("ATTNFORGE_REPORT_DIR") {
+        let _ = std::fs::write(std::path::Path::new(&dir).join("gpu-correctness-bwd.md"), &report);
+    }
+    if std::env::var_os("ATTNFORGE_BWD_BENCH").is_some_and(|v| !v.is_empty() && v != "0") {
+        bench(cc, device_arch);
+    }
+    if failed > 0 {
+        eprintln!("gpu_bwd: {failed} GPU correctness case(s) failed");
+        std::process::exit(1);
+    }
+}
