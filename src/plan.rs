@@ -140,9 +140,11 @@ pub fn default_fwd_tiles(spec: &AttnSpec) -> FwdTiles {
     let dmax = round_up(spec.head_dim_qk.max(spec.head_dim_v) as u32, 16);
     // Measured on the H200 (docs/kernels.md, fwd tuning): two m16 tiles per
     // warp halve the shared-memory reads of K and V per MMA and win where
-    // registers allow it; the ragged and windowed d128 variants keep more
-    // offsets and bounds live and would spill at mt=2.
-    let d128_fits_mt2 = spec.layout == Layout::Dense && spec.mask != Mask::SlidingWindow;
+    // registers allow it; the ragged, windowed and softcapped d128 variants
+    // keep more offsets and bounds live and would spill at mt=2 (so does
+    // causal-br, by 8 bytes; with seqlen_q == seqlen_k it equals causal-tl).
+    let d128_fits_mt2 =
+        spec.layout == Layout::Dense && !spec.softcap && matches!(spec.mask, Mask::None | Mask::CausalTopLeft);
     let (num_warps, m_tiles_per_warp, block_n) = if dmax <= 64 {
         (4, 2, 64)
     } else if dmax <= 128 {

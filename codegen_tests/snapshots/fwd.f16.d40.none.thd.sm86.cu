@@ -18,7 +18,6 @@ constexpr int PITCH_V = 56;
 constexpr int MASK_KIND = 0;
 constexpr bool IS_THD = true;
 constexpr bool SOFTCAP = false;
-constexpr float RESCALE_LOG2 = 8.f;                 // lazy-rescale threshold (factor 256)
 
 // ---- common/ptx.cuh: header-free device helpers (inline PTX) -----------------
 // Kernels are compiled by NVRTC with no include path: no cuda_fp16.h or
@@ -283,7 +282,7 @@ attnforge_fwd_f16_d40_none_thd_sm86(const FwdParams p) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc_s[mt][j][e] = 0.f;
 
-#pragma unroll 4
+#pragma unroll
         for (int ks = 0; ks < DQK / 16; ++ks) {
             unsigned a[M_TILES][4];
 #pragma unroll
@@ -306,25 +305,21 @@ attnforge_fwd_f16_d40_none_thd_sm86(const FwdParams p) {
             }
         }
 
-        // Softcap maps scores into the log2 domain here; plain scores stay raw
-        // and their scale is folded into the exponent (one FFMA per element).
-        if constexpr (SOFTCAP) {
+        // Scale (and softcap) into the log2 domain.
 #pragma unroll
-            for (int mt = 0; mt < M_TILES; ++mt)
+        for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-                for (int j = 0; j < BLOCK_N / 8; ++j)
+            for (int j = 0; j < BLOCK_N / 8; ++j)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        acc_s[mt][j][e] = p.softcap_post * fast_tanh(acc_s[mt][j][e] * p.softcap_pre);
-        }
-        const float to_log2 = SOFTCAP ? 1.f : p.scale_log2;
+                for (int e = 0; e < 4; ++e) {
+                    if constexpr (SOFTCAP) acc_s[mt][j][e] = p.softcap_post * fast_tanh(acc_s[mt][j][e] * p.softcap_pre);
+                    else acc_s[mt][j][e] *= p.scale_log2;
+                }
         // Mask, only on tiles that cross a row's visible range or the end of K.
         const bool edge = (n0 + BLOCK_N > sk) || (MASK_KIND != 0 &&
             (win.key_lo(last_row) > n0 || win.key_hi(m0) < n0 + BLOCK_N - 1));
         if (edge) apply_mask<M_TILES, BLOCK_N>(acc_s, win, m0 + warp_row0 + g, n0 + 2 * t);
-        // Online softmax with a lazy reference max: O and the sum are rescaled
-        // only when a row's max grows by more than RESCALE_LOG2 (P then stays
-        // below 2^RESCALE_LOG2; the final O / sum is unchanged).
+        // Online softmax: running max and sum per row, rescale O.
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt) {
 #pragma unroll
@@ -333,29 +328,27 @@ attnforge_fwd_f16_d40_none_thd_sm86(const FwdParams p) {
 #pragma unroll
                 for (int j = 0; j < BLOCK_N / 8; ++j)
                     tile_max = fmaxf(tile_max, fmaxf(acc_s[mt][j][2 * r], acc_s[mt][j][2 * r + 1]));
-                tile_max = quad_max(tile_max) * to_log2;
-                if (tile_max > row_max[mt][r] + RESCALE_LOG2) {
-                    const float alpha = fast_exp2(row_max[mt][r] - tile_max);
-                    row_max[mt][r] = tile_max;
-                    row_sum[mt][r] *= alpha;
-#pragma unroll
-                    for (int j = 0; j < DV / 8; ++j) {
-                        acc_o[mt][j][2 * r] *= alpha;
-                        acc_o[mt][j][2 * r + 1] *= alpha;
-                    }
-                }
-                const float neg_m = row_max[mt][r] == NEG_INF ? 0.f : -row_max[mt][r];
+                tile_max = quad_max(tile_max);
+                const float m_new = fmaxf(row_max[mt][r], tile_max);
+                const float m_use = m_new == NEG_INF ? 0.f : m_new;
+                const float alpha = fast_exp2(row_max[mt][r] - m_use);
+                row_max[mt][r] = m_new;
                 float sum = 0.f;
 #pragma unroll
                 for (int j = 0; j < BLOCK_N / 8; ++j) {
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        const float pv = fast_exp2(fmaf(acc_s[mt][j][2 * r + e], to_log2, neg_m));
+                        const float pv = fast_exp2(acc_s[mt][j][2 * r + e] - m_use);
                         acc_s[mt][j][2 * r + e] = pv;
                         sum += pv;
                     }
                 }
-                row_sum[mt][r] += sum;
+                row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+#pragma unroll
+                for (int j = 0; j < DV / 8; ++j) {
+                    acc_o[mt][j][2 * r] *= alpha;
+                    acc_o[mt][j][2 * r + 1] *= alpha;
+                }
             }
         }
 
