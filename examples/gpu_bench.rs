@@ -11,6 +11,7 @@
 use std::time::Instant;
 
 use attnforge::launch::{self, FwdArgs, FwdProblem, TensorArg};
+use attnforge::launch_bwd;
 use attnforge::{Arch, AttnSpec, DType, Layout, Mask};
 use cudarc::driver::{result, sys};
 use rand::{Rng, SeedableRng};
@@ -231,10 +232,49 @@ fn main() {
                 let flops = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 };
                 let tf = flops / ms / 1e9;
                 println!("{spec:<40} b={b:<3} h={h:<3} s={s:<6} {ms:8.3} ms {tf:7.1} TFLOP/s (regs {}, build {build_ms:.0} ms)", k.meta.registers);
-                rows.push(serde_json::json!({
+                let mut row = serde_json::json!({
                     "impl": "attnforge", "spec": spec.to_string(), "b": b, "h": h, "s": s, "d": d,
                     "causal": causal, "fwd_ms": ms, "fwd_tflops": tf, "registers": k.meta.registers,
-                }));
+                });
+                // Backward of the same problem (fast mode), after a forward for O and LSE.
+                let bspec = AttnSpec {
+                    direction: attnforge::Direction::Bwd,
+                    ..spec
+                };
+                if let Ok(bk) = attnforge::get_or_build(&bspec) {
+                    let bl = launch::load(&bk).expect("load bwd");
+                    let d_o = Dev::random(n, &mut rng);
+                    let (dq, dk, dv) = (Dev::zeroed(n * 2), Dev::zeroed(n * 2), Dev::zeroed(n * 2));
+                    let dsum = Dev::zeroed(b * h * s * 4);
+                    let ws_bytes = launch_bwd::bwd_workspace_bytes(&bk.plan, &fa.problem);
+                    let ws = Dev::zeroed(ws_bytes.max(16) as usize);
+                    let ba = launch_bwd::BwdArgs {
+                        q: fa.q,
+                        k: fa.k,
+                        v: fa.v,
+                        o: fa.o,
+                        d_o: t(d_o.0),
+                        lse: fa.lse,
+                        dsum: dsum.0,
+                        dq: t(dq.0),
+                        dk: t(dk.0),
+                        dv: t(dv.0),
+                        problem: fa.problem.clone(),
+                    };
+                    // SAFETY: buffers sized for the problem; the forward above filled O and LSE.
+                    let bms = time_ms(
+                        || unsafe {
+                            launch_bwd::launch_bwd(&bl, &ba, ws.0, ws_bytes, std::ptr::null_mut()).expect("bwd")
+                        },
+                        3,
+                        5,
+                    );
+                    let btf = 2.5 * flops / bms / 1e9;
+                    println!("{bspec:<40} b={b:<3} h={h:<3} s={s:<6} {bms:8.3} ms {btf:7.1} TFLOP/s");
+                    row["bwd_ms"] = bms.into();
+                    row["bwd_tflops"] = btf.into();
+                }
+                rows.push(row);
             }
         }
     }

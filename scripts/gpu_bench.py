@@ -43,7 +43,13 @@ def peers():
                     fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                     fn()
                     ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
-                row.update(fwd_ms=ms, fwd_tflops=flops(b, h, s, d, causal) / ms / 1e9)
+                    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+                    o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                    do = torch.randn_like(o)
+                    bms = do_bench(lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True),
+                                   warmup=10, rep=50, return_mode="median")
+                row.update(fwd_ms=ms, fwd_tflops=flops(b, h, s, d, causal) / ms / 1e9,
+                           bwd_ms=bms, bwd_tflops=2.5 * flops(b, h, s, d, causal) / bms / 1e9)
             except Exception as e:  # a peer that cannot run this config says why
                 row["error"] = str(e).splitlines()[0][:160]
             rows.append(row)
@@ -88,15 +94,15 @@ def main():
             "cudnn": torch.backends.cudnn.version(), "quick": quick}
     json.dump({"meta": meta, "rows": rows}, open(os.path.join(out, "bench.json"), "w"), indent=1)
 
-    def find(impl, r):
+    def find(impl, r, field="fwd_tflops"):
         for p in peer_rows:
-            if p["impl"] != impl or "fwd_tflops" not in p:
+            if p["impl"] != impl or field not in p:
                 continue
             if "ragged_lens" in r:
                 if p.get("ragged_lens") == r["ragged_lens"] and p["causal"] == r["causal"] and p["d"] == r["d"]:
-                    return p["fwd_tflops"]
+                    return p[field]
             elif all(p.get(x) == r[x] for x in ("b", "h", "s", "d", "causal")):
-                return p["fwd_tflops"]
+                return p[field]
         return None
 
     lines = [f"Forward, bf16, {meta['device']}, torch {meta['torch']}, cuDNN {meta['cudnn']}, measured {started}.",
@@ -110,6 +116,17 @@ def main():
         fmt = lambda x: f"{x:.0f}" if x else "n/a"
         ratio = lambda x: f"{r['fwd_tflops'] / x:.2f}x" if x else "n/a"
         lines.append(f"| {r['d']} | {shape} | {bh} | {'yes' if r['causal'] else 'no'} | {r['fwd_tflops']:.0f} | "
+                     f"{fmt(fa)} | {fmt(cd)} | {ratio(fa)} | {ratio(cd)} |")
+    lines += ["", f"Backward (dQ, dK, dV; FLOPs = 2.5 x forward), same run. attnforge: fast mode, including its preprocess and dQ convert kernels.", "",
+              "| d | seqlen | batch x heads | causal | attnforge | torch-flash (FA2) | torch-cudnn | vs FA2 | vs cuDNN |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in ours:
+        if "bwd_tflops" not in r:
+            continue
+        fa, cd = find("torch-flash", r, "bwd_tflops"), find("torch-cudnn", r, "bwd_tflops")
+        fmt = lambda x: f"{x:.0f}" if x else "n/a"
+        ratio = lambda x: f"{r['bwd_tflops'] / x:.2f}x" if x else "n/a"
+        lines.append(f"| {r['d']} | {r['s']} | {r['b']} x {r['h']} | {'yes' if r['causal'] else 'no'} | {r['bwd_tflops']:.0f} | "
                      f"{fmt(fa)} | {fmt(cd)} | {ratio(fa)} | {ratio(cd)} |")
     errs = [p for p in peer_rows if "error" in p]
     for p in errs:

@@ -100,6 +100,32 @@ pub struct BuildReport {
     pub repaired: Option<String>,
 }
 
+impl BuildReport {
+    fn new(
+        spec: &AttnSpec,
+        plan: KernelPlan,
+        key: CacheKey,
+        cubin: Vec<u8>,
+        meta: KernelMeta,
+        origin: Origin,
+        repaired: Option<String>,
+    ) -> Self {
+        let kernel = Arc::new(CompiledKernel {
+            spec: *spec,
+            plan,
+            key,
+            cubin,
+            meta,
+            origin,
+        });
+        BuildReport {
+            kernel,
+            origin,
+            repaired,
+        }
+    }
+}
+
 impl Jit {
     pub fn new(cache: Cache) -> Self {
         Jit {
@@ -246,19 +272,7 @@ impl Jit {
         let alias = alias_key(&plan, &nvrtc_version, &options);
         if let Some(key) = self.read_alias(&alias) {
             if let Lookup::Hit { cubin, meta, .. } = self.cache.get(&key) {
-                let kernel = Arc::new(CompiledKernel {
-                    spec: *spec,
-                    plan,
-                    key,
-                    cubin,
-                    meta,
-                    origin: Origin::Disk,
-                });
-                return Ok(BuildReport {
-                    kernel,
-                    origin: Origin::Disk,
-                    repaired: None,
-                });
+                return Ok(BuildReport::new(spec, plan, key, cubin, meta, Origin::Disk, None));
             }
         }
         let rendered = render(&plan)?;
@@ -267,19 +281,7 @@ impl Jit {
         match self.cache.get(&key) {
             Lookup::Hit { cubin, meta, .. } => {
                 self.write_alias(&alias, &key);
-                let kernel = Arc::new(CompiledKernel {
-                    spec: *spec,
-                    plan,
-                    key,
-                    cubin,
-                    meta,
-                    origin: Origin::Disk,
-                });
-                return Ok(BuildReport {
-                    kernel,
-                    origin: Origin::Disk,
-                    repaired: None,
-                });
+                return Ok(BuildReport::new(spec, plan, key, cubin, meta, Origin::Disk, None));
             }
             Lookup::Corrupt { path, reason } => {
                 let msg = format!("corrupt cache entry {} ({reason}); recompiling", path.display());
@@ -291,19 +293,15 @@ impl Jit {
         let (cubin, meta) = compile_plan(&plan, &rendered, Nvrtc::get()?)?;
         self.cache.put(&key, &cubin, &meta)?;
         self.write_alias(&alias, &key);
-        let kernel = Arc::new(CompiledKernel {
-            spec: *spec,
+        Ok(BuildReport::new(
+            spec,
             plan,
             key,
             cubin,
             meta,
-            origin: Origin::Compiled,
-        });
-        Ok(BuildReport {
-            kernel,
-            origin: Origin::Compiled,
+            Origin::Compiled,
             repaired,
-        })
+        ))
     }
 }
 

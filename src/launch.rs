@@ -181,96 +181,15 @@ const LOG2_E: f32 = std::f32::consts::LOG2_E;
 pub fn check_fwd(plan: &KernelPlan, a: &FwdArgs) -> Result<Option<(FwdParams, LaunchDims)>, LaunchError> {
     let spec: &AttnSpec = &plan.spec;
     let p = &a.problem;
-    let mismatch = |reason: String| LaunchError::SpecMismatch {
-        spec: spec.to_string(),
-        reason,
-    };
     if spec.direction != Direction::Fwd {
-        return Err(mismatch("not a forward kernel".into()));
+        return Err(LaunchError::SpecMismatch {
+            spec: spec.to_string(),
+            reason: "not a forward kernel".into(),
+        });
     }
-    if p.heads_q == 0 || p.heads_kv == 0 {
-        return Err(invalid("heads", "heads_q and heads_kv must be >= 1"));
-    }
-    if !p.heads_q.is_multiple_of(p.heads_kv) {
-        return Err(invalid(
-            "heads_kv",
-            format!(
-                "heads_q ({}) must be a multiple of heads_kv ({}) for GQA/MQA",
-                p.heads_q, p.heads_kv
-            ),
-        ));
-    }
-    if p.seqlen_q > i32::MAX as u32 || p.seqlen_k > i32::MAX as u32 || p.total_q > i32::MAX as u32 {
-        return Err(invalid("seqlen", "sequence lengths must fit in int32"));
-    }
-    match (spec.layout, p.cu_seqlens_q, p.cu_seqlens_k) {
-        (Layout::Thd, Some(cq), Some(ck)) => {
-            if cq == 0 || ck == 0 || cq % 4 != 0 || ck % 4 != 0 {
-                return Err(invalid(
-                    "cu_seqlens",
-                    "cu_seqlens pointers must be non-null and 4-byte aligned",
-                ));
-            }
-        }
-        (Layout::Thd, _, _) => return Err(mismatch("THD layout needs cu_seqlens_q and cu_seqlens_k".into())),
-        (Layout::Dense, None, None) => {}
-        (Layout::Dense, _, _) => {
-            return Err(mismatch(
-                "cu_seqlens given for a dense kernel; use a thd spec for ragged batches".into(),
-            ))
-        }
-    }
-    if spec.softcap != (p.softcap != 0.0) {
-        return Err(mismatch(if spec.softcap {
-            "softcap spec needs a softcap value > 0".into()
-        } else {
-            format!("softcap {} given to a kernel without softcap", p.softcap)
-        }));
-    }
-    if spec.softcap && !(p.softcap.is_finite() && p.softcap > 0.0) {
-        return Err(invalid("softcap", format!("must be finite and > 0, got {}", p.softcap)));
-    }
-    let window_given = p.window != (-1, -1);
-    if spec.mask != Mask::SlidingWindow && window_given {
-        return Err(mismatch(format!(
-            "window {:?} given to a `{}` kernel",
-            p.window, spec.mask
-        )));
-    }
-    if p.window.0 < -1 || p.window.1 < -1 {
-        return Err(invalid(
-            "window",
-            format!("sizes must be >= -1 (-1 = unbounded), got {:?}", p.window),
-        ));
-    }
-    let scale = p.scale.unwrap_or(1.0 / (spec.head_dim_qk as f32).sqrt());
-    if !scale.is_finite() || scale <= 0.0 {
-        return Err(invalid("scale", format!("must be finite and > 0, got {scale}")));
-    }
+    let scale = check_problem(spec, p)?;
 
-    // Pointers and strides: 16-byte chunks are copied with cp.async, so every
-    // row must start 16-byte aligned.
-    for (name, t) in [("q", &a.q), ("k", &a.k), ("v", &a.v), ("o", &a.o)] {
-        if t.ptr == 0 {
-            return Err(invalid(name, "null pointer"));
-        }
-        if t.ptr % 16 != 0 {
-            return Err(invalid(name, format!("pointer {:#x} is not 16-byte aligned", t.ptr)));
-        }
-        let strides = if spec.layout == Layout::Dense {
-            vec![t.stride_batch, t.stride_seq, t.stride_head]
-        } else {
-            vec![t.stride_seq, t.stride_head]
-        };
-        for s in strides {
-            if s < 0 || s % 8 != 0 {
-                return Err(invalid(
-                    name,
-                    format!("strides must be non-negative multiples of 8 elements (16 bytes), got {s}"),
-                ));
-            }
-        }
-    }
+    check_tensors(spec.layout, &[("q", &a.q), ("k", &a.k), ("v", &a.v), ("o", &a.o)])?;
     if a.lse == 0 || !a.lse.is_multiple_of(4) {
         return Err(invalid("lse", "LSE pointer must be non-null and 4-byte aligned"));
     }
@@ -357,6 +276,104 @@ pub fn check_fwd(plan: &KernelPlan, a: &FwdArgs) -> Result<Option<(FwdParams, La
         smem: plan.smem_bytes,
     };
     Ok(Some((params, dims)))
+}
+
+/// The run-time problem against the spec, for every direction: heads and
+/// GQA ratio, sequence-length range, cu_seqlens presence, softcap and window
+/// agreement. Returns the softmax scale (default 1/sqrt(head_dim_qk)).
+pub(crate) fn check_problem(spec: &AttnSpec, p: &FwdProblem) -> Result<f32, LaunchError> {
+    let mismatch = |reason: String| LaunchError::SpecMismatch {
+        spec: spec.to_string(),
+        reason,
+    };
+    if p.heads_q == 0 || p.heads_kv == 0 {
+        return Err(invalid("heads", "heads_q and heads_kv must be >= 1"));
+    }
+    if !p.heads_q.is_multiple_of(p.heads_kv) {
+        return Err(invalid(
+            "heads_kv",
+            format!(
+                "heads_q ({}) must be a multiple of heads_kv ({}) for GQA/MQA",
+                p.heads_q, p.heads_kv
+            ),
+        ));
+    }
+    if p.seqlen_q > i32::MAX as u32 || p.seqlen_k > i32::MAX as u32 || p.total_q > i32::MAX as u32 {
+        return Err(invalid("seqlen", "sequence lengths must fit in int32"));
+    }
+    match (spec.layout, p.cu_seqlens_q, p.cu_seqlens_k) {
+        (Layout::Thd, Some(cq), Some(ck)) => {
+            if cq == 0 || ck == 0 || cq % 4 != 0 || ck % 4 != 0 {
+                return Err(invalid(
+                    "cu_seqlens",
+                    "cu_seqlens pointers must be non-null and 4-byte aligned",
+                ));
+            }
+        }
+        (Layout::Thd, _, _) => return Err(mismatch("THD layout needs cu_seqlens_q and cu_seqlens_k".into())),
+        (Layout::Dense, None, None) => {}
+        (Layout::Dense, _, _) => {
+            return Err(mismatch(
+                "cu_seqlens given for a dense kernel; use a thd spec for ragged batches".into(),
+            ))
+        }
+    }
+    if spec.softcap != (p.softcap != 0.0) {
+        return Err(mismatch(if spec.softcap {
+            "softcap spec needs a softcap value > 0".into()
+        } else {
+            format!("softcap {} given to a kernel without softcap", p.softcap)
+        }));
+    }
+    if spec.softcap && !(p.softcap.is_finite() && p.softcap > 0.0) {
+        return Err(invalid("softcap", format!("must be finite and > 0, got {}", p.softcap)));
+    }
+    let window_given = p.window != (-1, -1);
+    if spec.mask != Mask::SlidingWindow && window_given {
+        return Err(mismatch(format!(
+            "window {:?} given to a `{}` kernel",
+            p.window, spec.mask
+        )));
+    }
+    if p.window.0 < -1 || p.window.1 < -1 {
+        return Err(invalid(
+            "window",
+            format!("sizes must be >= -1 (-1 = unbounded), got {:?}", p.window),
+        ));
+    }
+    let scale = p.scale.unwrap_or(1.0 / (spec.head_dim_qk as f32).sqrt());
+    if !scale.is_finite() || scale <= 0.0 {
+        return Err(invalid("scale", format!("must be finite and > 0, got {scale}")));
+    }
+    Ok(scale)
+}
+
+/// Device tensors: non-null, 16-byte aligned rows (tiles move in 16-byte
+/// `cp.async` chunks), strides non-negative multiples of 8 elements (the batch
+/// stride is ignored for THD).
+pub(crate) fn check_tensors(layout: Layout, tensors: &[(&'static str, &TensorArg)]) -> Result<(), LaunchError> {
+    for &(name, t) in tensors {
+        if t.ptr == 0 {
+            return Err(invalid(name, "null pointer"));
+        }
+        if t.ptr % 16 != 0 {
+            return Err(invalid(name, format!("pointer {:#x} is not 16-byte aligned", t.ptr)));
+        }
+        let strides: &[i64] = if layout == Layout::Dense {
+            &[t.stride_batch, t.stride_seq, t.stride_head]
+        } else {
+            &[t.stride_seq, t.stride_head]
+        };
+        for &s in strides {
+            if s < 0 || s % 8 != 0 {
+                return Err(invalid(
+                    name,
+                    format!("strides must be non-negative multiples of 8 elements (16 bytes), got {s}"),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether a CUDA driver library can be loaded here.

@@ -22,10 +22,10 @@ use std::ffi::c_void;
 
 use cudarc::driver::{result, sys};
 
-use crate::launch::{FwdProblem, LaunchDims, LaunchError, LoadedKernel, TensorArg};
+use crate::launch::{check_problem, check_tensors, FwdProblem, LaunchDims, LaunchError, LoadedKernel, TensorArg};
 use crate::plan::plan_bwd::{BwdEntries, BwdPlan};
 use crate::plan::KernelPlan;
-use crate::spec::{AttnSpec, Direction, Layout, Mask};
+use crate::spec::{AttnSpec, Direction, Layout};
 
 /// Required alignment of the workspace pointer, bytes.
 pub const WORKSPACE_ALIGN: u64 = 16;
@@ -174,101 +174,21 @@ pub fn check_bwd(
     let spec: &AttnSpec = &plan.spec;
     let bp = bwd_plan(plan)?;
     let p = &a.problem;
-    let mismatch = |reason: String| LaunchError::SpecMismatch {
-        spec: spec.to_string(),
-        reason,
-    };
-    if p.heads_q == 0 || p.heads_kv == 0 {
-        return Err(invalid("heads", "heads_q and heads_kv must be >= 1"));
-    }
-    if !p.heads_q.is_multiple_of(p.heads_kv) {
-        return Err(invalid(
-            "heads_kv",
-            format!(
-                "heads_q ({}) must be a multiple of heads_kv ({}) for GQA/MQA",
-                p.heads_q, p.heads_kv
-            ),
-        ));
-    }
-    if p.seqlen_q > i32::MAX as u32 || p.seqlen_k > i32::MAX as u32 || p.total_q > i32::MAX as u32 {
-        return Err(invalid("seqlen", "sequence lengths must fit in int32"));
-    }
-    match (spec.layout, p.cu_seqlens_q, p.cu_seqlens_k) {
-        (Layout::Thd, Some(cq), Some(ck)) => {
-            if cq == 0 || ck == 0 || cq % 4 != 0 || ck % 4 != 0 {
-                return Err(invalid(
-                    "cu_seqlens",
-                    "cu_seqlens pointers must be non-null and 4-byte aligned",
-                ));
-            }
-        }
-        (Layout::Thd, _, _) => return Err(mismatch("THD layout needs cu_seqlens_q and cu_seqlens_k".into())),
-        (Layout::Dense, None, None) => {}
-        (Layout::Dense, _, _) => {
-            return Err(mismatch(
-                "cu_seqlens given for a dense kernel; use a thd spec for ragged batches".into(),
-            ))
-        }
-    }
-    if spec.softcap != (p.softcap != 0.0) {
-        return Err(mismatch(if spec.softcap {
-            "softcap spec needs a softcap value > 0".into()
-        } else {
-            format!("softcap {} given to a kernel without softcap", p.softcap)
-        }));
-    }
-    if spec.softcap && !(p.softcap.is_finite() && p.softcap > 0.0) {
-        return Err(invalid("softcap", format!("must be finite and > 0, got {}", p.softcap)));
-    }
-    if spec.mask != Mask::SlidingWindow && p.window != (-1, -1) {
-        return Err(mismatch(format!(
-            "window {:?} given to a `{}` kernel",
-            p.window, spec.mask
-        )));
-    }
-    if p.window.0 < -1 || p.window.1 < -1 {
-        return Err(invalid(
-            "window",
-            format!("sizes must be >= -1 (-1 = unbounded), got {:?}", p.window),
-        ));
-    }
-    let scale = p.scale.unwrap_or(1.0 / (spec.head_dim_qk as f32).sqrt());
-    if !scale.is_finite() || scale <= 0.0 {
-        return Err(invalid("scale", format!("must be finite and > 0, got {scale}")));
-    }
+    let scale = check_problem(spec, p)?;
 
-    // Every row starts 16-byte aligned: tiles move in 16-byte chunks.
-    let tensors = [
-        ("q", &a.q),
-        ("k", &a.k),
-        ("v", &a.v),
-        ("o", &a.o),
-        ("d_o", &a.d_o),
-        ("dq", &a.dq),
-        ("dk", &a.dk),
-        ("dv", &a.dv),
-    ];
-    for (name, t) in tensors {
-        if t.ptr == 0 {
-            return Err(invalid(name, "null pointer"));
-        }
-        if t.ptr % 16 != 0 {
-            return Err(invalid(name, format!("pointer {:#x} is not 16-byte aligned", t.ptr)));
-        }
-        let strides: &[i64] = if spec.layout == Layout::Dense {
-            &[t.stride_batch, t.stride_seq, t.stride_head]
-        } else {
-            &[t.stride_seq, t.stride_head]
-        };
-        for &s in strides {
-            if s < 0 || s % 8 != 0 {
-                return Err(invalid(
-                    name,
-                    format!("strides must be non-negative multiples of 8 elements (16 bytes), got {s}"),
-                ));
-            }
-        }
-    }
+    check_tensors(
+        spec.layout,
+        &[
+            ("q", &a.q),
+            ("k", &a.k),
+            ("v", &a.v),
+            ("o", &a.o),
+            ("d_o", &a.d_o),
+            ("dq", &a.dq),
+            ("dk", &a.dk),
+            ("dv", &a.dv),
+        ],
+    )?;
     for (name, ptr) in [("lse", a.lse), ("dsum", a.dsum)] {
         if ptr == 0 || !ptr.is_multiple_of(4) {
             return Err(invalid(name, "f32 pointer must be non-null and 4-byte aligned"));
@@ -462,6 +382,7 @@ pub unsafe fn launch_bwd(
 mod tests {
     use super::*;
     use crate::plan::plan;
+    use crate::spec::Mask;
 
     fn args(b: u32, hq: u32, hkv: u32, sq: u32, sk: u32, d: i64) -> BwdArgs {
         let (sq_, sk_) = (sq as i64, sk as i64);
