@@ -118,6 +118,12 @@ fn cases() -> Vec<Case> {
         dense("bwd.bf16.d256.none.dense.sm80", 1, 2, 2, 257, 513),
         dense("bwd.f16.d256.causal-br.dense.softcap.det.sm80", 1, 2, 1, 300, 300).softcap(20.0),
         dense("bwd.bf16.d40.causal-tl.dense.sm80", 1, 4, 2, 127, 127),
+        // The rest of the head-dim family (the head-dim group of the coverage matrix).
+        dense("bwd.bf16.d32.causal-br.dense.sm80", 2, 4, 2, 300, 517),
+        dense("bwd.f16.d96.none.dense.sm80", 1, 4, 4, 127, 300),
+        dense("bwd.bf16.d160.window.dense.sm80", 1, 4, 1, 300, 300).window(64, 64),
+        dense("bwd.bf16.d192.causal-br.dense.sm80", 1, 2, 2, 257, 257),
+        dense("bwd.f16.d224.none.dense.sm80", 1, 2, 1, 17, 300),
         dense("bwd.bf16.d192v128.causal-br.dense.sm80", 1, 4, 2, 200, 300),
         thd(
             "bwd.bf16.d128.none.thd.sm80",

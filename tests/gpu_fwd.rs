@@ -108,6 +108,23 @@ fn cases() -> Vec<Case> {
         dense("fwd.f16.d64.causal-br.dense.softcap.sm80", 1, 4, 4, 127, 127).softcap(5.0),
         dense("fwd.bf16.d128.none.dense.sm90a", 2, 8, 1, 1000, 1000),
         dense("fwd.bf16.d128.causal-br.dense.sm90a", 1, 4, 4, 4097, 4097),
+        // The rest of the head-dim family (the head-dim group of the coverage matrix), odd sizes.
+        dense("fwd.bf16.d32.causal-br.dense.sm80", 2, 4, 2, 300, 517),
+        dense("fwd.f16.d96.none.dense.sm80", 1, 4, 4, 127, 1000).mem(Mem::Bhsd),
+        dense("fwd.bf16.d160.window.dense.sm80", 1, 4, 1, 1000, 1000).window(64, 64),
+        dense("fwd.f16.d192.causal-br.dense.softcap.sm80", 1, 2, 2, 517, 517).softcap(15.0),
+        dense("fwd.bf16.d224.none.dense.sm80", 1, 2, 1, 17, 1000),
+        dense("fwd.bf16.d256.causal-br.dense.sm80", 2, 2, 2, 1000, 1000),
+        dense("fwd.f16.d256.none.dense.softcap.sm80", 1, 2, 2, 300, 300).softcap(20.0),
+        dense("fwd.bf16.d192v128.causal-br.dense.sm80", 1, 4, 2, 200, 300),
+        dense("fwd.bf16.d40.none.dense.sm80", 1, 4, 4, 127, 127),
+        thd(
+            "fwd.bf16.d256.causal-br.thd.sm80",
+            2,
+            2,
+            &[(300, 300), (0, 3), (1, 1), (700, 129)],
+        ),
+        thd("fwd.f16.d96.window.thd.sm80", 4, 4, &[(257, 257), (1, 9)]).window(32, 0),
         thd(
             "fwd.bf16.d128.none.thd.sm80",
             4,
