@@ -10,7 +10,7 @@ NVRTC_LIB := $(NVRTC_DIR)/nvidia/cu13/lib/libnvrtc.so.13
 ARCH ?= sm80,sm90a
 CARGO ?= cargo
 
-.PHONY: all nvrtc build prebuild test sweep gpu-bundle gpu-test gpu-bench clean
+.PHONY: all nvrtc build prebuild test pytest sweep gpu-bundle gpu-test gpu-bench clean
 
 all: prebuild
 
@@ -37,6 +37,27 @@ test: nvrtc
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	ATTNFORGE_REQUIRE_NVRTC=1 $(CARGO) test --workspace
+	$(MAKE) --no-print-directory pytest
+
+# The Python package's CPU tests: a project-local venv (.venv-py) with
+# torch==$(TORCH_VERSION) from PyPI (a big download, done once: the stamp file
+# records it), pytest, and the package built by maturin (`pip install ./python`).
+# GPU tests are deselected here; on a GPU run `.venv-py/bin/python -m pytest python/tests -m gpu`.
+PY_VENV := $(CURDIR)/.venv-py
+PY := $(PY_VENV)/bin/python
+TORCH_VERSION ?= 2.11.0
+PY_STAMP := $(PY_VENV)/.deps-torch-$(TORCH_VERSION)
+
+$(PY_STAMP):
+	test -x $(PY) || python3 -m venv $(PY_VENV)
+	$(PY) -m pip install --disable-pip-version-check torch==$(TORCH_VERSION) pytest numpy
+	touch $@
+
+pytest: $(PY_STAMP)
+	$(CARGO) fmt --manifest-path python/Cargo.toml --check
+	$(PY) -m pip install --disable-pip-version-check ./python
+	$(PY) -m pytest python/tests -m "not gpu" -rs; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected (exit 5)"; exit 1; fi; exit $$rc
 
 # The coverage sweep alone (fresh temporary cache; rewrites docs/coverage.md).
 sweep: nvrtc

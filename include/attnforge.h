@@ -142,6 +142,28 @@ int attnforge_fwd(const attnforge_problem* problem,
                   void* stream,
                   attnforge_fwd_context* ctx_out);
 
+/* Workspace bytes the backward of problem needs on the backend the dispatcher
+ * chooses (0 = none), into *bytes_out. No GPU needed when cc_major is set. */
+int attnforge_bwd_workspace_size(const attnforge_problem* problem, size_t* bytes_out);
+
+/* Run the backward on the chosen backend, on stream. lse: the forward's f32
+ * LSE in the layout above (what attnforge_fwd writes). Outputs dq (like q),
+ * dk, dv (like k, v; GQA: summed over each group's query heads). workspace:
+ * at least attnforge_bwd_workspace_size bytes, 16-byte aligned. */
+int attnforge_bwd(const attnforge_problem* problem,
+                  const attnforge_tensor* q,
+                  const attnforge_tensor* k,
+                  const attnforge_tensor* v,
+                  const attnforge_tensor* o,
+                  const attnforge_tensor* d_o,
+                  const attnforge_tensor* dq,
+                  const attnforge_tensor* dk,
+                  const attnforge_tensor* dv,
+                  const float* lse,
+                  void* workspace,
+                  size_t workspace_bytes,
+                  void* stream);
+
 /* The dispatcher's explanation (chosen fwd/bwd backends, every candidate with
  * its reason, the generated kernel's spec) into buf. No GPU needed when
  * cc_major is set. */

@@ -23,10 +23,11 @@ use std::ffi::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::dispatch::{
-    ComputeCapability, DispatchError, Dispatcher, ElemType, FwdCall, FwdContext, LseLayout, Problem,
+    BwdCall, ComputeCapability, DispatchError, Dispatcher, ElemType, FwdCall, FwdContext, LseLayout, Problem,
+    Workspace, GENERATED,
 };
 use crate::launch::{self, LaunchError, TensorArg};
-use crate::spec::{Layout, Mask};
+use crate::spec::{Direction, Layout, Mask};
 
 /// Bumped on any change of a struct layout or a signature.
 pub const ATTNFORGE_ABI_VERSION: c_int = 1;
@@ -411,6 +412,102 @@ pub unsafe extern "C" fn attnforge_fwd(
             // SAFETY: non-null, writable per the contract.
             unsafe { ctx_out.write_unaligned(context_out(&ctx)) };
         }
+        Ok(ATTNFORGE_OK)
+    })
+}
+
+/// The workspace bytes the backward of `problem` needs on the backend the
+/// dispatcher chooses for it (0 when it needs none), into `*bytes_out`.
+///
+/// # Safety
+/// `problem` is NULL or readable; `bytes_out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn attnforge_bwd_workspace_size(
+    problem: *const AttnforgeProblem,
+    bytes_out: *mut usize,
+) -> c_int {
+    guard(|| {
+        if bytes_out.is_null() {
+            return Err(invalid("bytes_out is NULL"));
+        }
+        // SAFETY: forwarded from the caller's contract.
+        let (problem, _, _) = unsafe { read_problem(problem)? };
+        let d = Dispatcher::global();
+        let decision = d.decide_problem(&problem)?;
+        let chosen = decision.bwd.chosen()?;
+        let bytes = chosen.backend.workspace_bytes(Direction::Bwd, &problem);
+        // SAFETY: non-null, writable per the contract.
+        unsafe { bytes_out.write_unaligned(bytes) };
+        Ok(ATTNFORGE_OK)
+    })
+}
+
+/// Run the backward of `problem` on the backend the dispatcher chooses, on
+/// `stream`. `lse` is the forward's f32 LSE in attnforge's layout (dense
+/// `[B, H, Sq]`, THD `[H, total_q]`: what `attnforge_fwd` writes, and what
+/// FlashAttention-2 and cuDNN write for the same problems). Outputs: `dq`
+/// (like `q`), `dk`, `dv` (like `k`, `v`). `workspace`: at least
+/// `attnforge_bwd_workspace_size` bytes of device memory, 16-byte aligned,
+/// not used by other work until the backward completes.
+///
+/// # Safety
+/// Struct pointers are NULL or readable; device pointers belong to the
+/// current CUDA context and are large enough for the shapes and strides; the
+/// workspace holds `workspace_bytes` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn attnforge_bwd(
+    problem: *const AttnforgeProblem,
+    q: *const AttnforgeTensor,
+    k: *const AttnforgeTensor,
+    v: *const AttnforgeTensor,
+    o: *const AttnforgeTensor,
+    d_o: *const AttnforgeTensor,
+    dq: *const AttnforgeTensor,
+    dk: *const AttnforgeTensor,
+    dv: *const AttnforgeTensor,
+    lse: *const f32,
+    workspace: *mut c_void,
+    workspace_bytes: usize,
+    stream: *mut c_void,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from the caller's contract.
+        let (problem, cu_q, cu_k) = unsafe { read_problem(problem)? };
+        let mut problem = problem;
+        problem.requires_grad = true;
+        // SAFETY: as above.
+        let call = unsafe {
+            BwdCall {
+                q: read_tensor(q, "q")?,
+                k: read_tensor(k, "k")?,
+                v: read_tensor(v, "v")?,
+                o: read_tensor(o, "o")?,
+                d_o: read_tensor(d_o, "d_o")?,
+                dq: read_tensor(dq, "dq")?,
+                dk: read_tensor(dk, "dk")?,
+                dv: read_tensor(dv, "dv")?,
+                attn_bias: None,
+                workspace: Workspace {
+                    ptr: workspace as u64,
+                    bytes: workspace_bytes,
+                },
+                stream: stream as usize,
+            }
+        };
+        let d = Dispatcher::global();
+        // The C ABI's forward is the generated one: its context, rebuilt from
+        // the problem (scale, mask, cu_seqlens) and the caller's LSE.
+        let producer = d.backend(GENERATED).ok_or_else(|| {
+            Failure(
+                ATTNFORGE_ERR_NO_BACKEND,
+                "the generated backend is not registered".into(),
+            )
+        })?;
+        let mut fwd = FwdCall::new(problem, call.q, call.k, call.v, call.o, lse as u64);
+        fwd.cu_seqlens_q = cu_q;
+        fwd.cu_seqlens_k = cu_k;
+        let ctx = FwdContext::new(producer.as_ref(), &fwd).map_err(DispatchError::from)?;
+        d.bwd(&call, &ctx)?;
         Ok(ATTNFORGE_OK)
     })
 }

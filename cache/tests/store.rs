@@ -57,16 +57,15 @@ fn child_main() {
 }
 
 /// The disk-hit path in a new process: a few file reads and one hash, no
-/// index. 5 ms is the target for an optimized build; unoptimized SHA-256 is
-/// several times slower, so debug builds get a looser bound.
+/// index. The time is printed, not asserted (speed is measured by
+/// `examples/pipeline_bench.rs`, not by timed tests); the child checks the hit.
 #[test]
-fn disk_hit_in_a_fresh_process_is_fast() {
+fn disk_hit_in_a_fresh_process() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cubin: Vec<u8> = (0..256 * 1024u32).map(|x| (x * 31 % 251) as u8).collect();
     let mut m = meta(0);
     m.fill_blob_fields(&cubin);
     Cache::open(user_cfg(dir.path())).put(&key(0), &cubin, &m).expect("put");
-    let limit_us: u128 = if cfg!(debug_assertions) { 100_000 } else { 5_000 };
     let mut best = u128::MAX;
     for _ in 0..3 {
         let out = run_child(
@@ -82,8 +81,7 @@ fn disk_hit_in_a_fresh_process_is_fast() {
             .unwrap_or_else(|| panic!("no timing in child output:\n{stdout}"));
         best = best.min(micros);
     }
-    eprintln!("open + get of a 256 KiB entry in a fresh process: {best} us");
-    assert!(best < limit_us, "open + get took {best} us (limit {limit_us} us)");
+    println!("open + get of a 256 KiB entry in a fresh process: {best} us");
 }
 
 #[test]

@@ -247,10 +247,17 @@ mod tests {
 
     #[test]
     fn decisions_through_the_flags() {
-        assert_eq!(decide("--requires-grad"), ("generated".into(), "torch-flash".into()));
+        assert_eq!(decide("--requires-grad"), ("generated".into(), "generated".into()));
         assert_eq!(decide("--attn-mask"), ("torch-cudnn".into(), "torch-cudnn".into()));
         assert_eq!(decide("--dropout 0.1"), ("torch-flash".into(), "torch-flash".into()));
-        assert_eq!(decide("--available generated"), ("generated".into(), String::new()));
+        assert_eq!(
+            decide("--available generated"),
+            ("generated".into(), "generated".into())
+        );
+        assert_eq!(
+            decide("--requires-grad --backend-bwd torch-flash"),
+            ("generated".into(), "torch-flash".into())
+        );
         assert_eq!(
             decide("--backend-fwd torch-cudnn --backend-bwd torch-cudnn"),
             ("torch-cudnn".into(), "torch-cudnn".into())
@@ -264,8 +271,15 @@ mod tests {
     fn run_fails_when_nothing_is_left() {
         assert!(run(args("--arch sm80 --head-dim 256 --attn-mask")).is_err());
         assert!(
-            run(args("--softcap 30 --requires-grad")).is_err(),
-            "no backward does softcap"
+            run(args("--softcap 30 --requires-grad")).is_ok(),
+            "the generated backward does softcap"
+        );
+        assert!(
+            run(args(
+                "--softcap 30 --requires-grad --backend-bwd torch-flash,torch-cudnn"
+            ))
+            .is_err(),
+            "no torch backward does softcap"
         );
         assert!(run(args("--softcap 30")).is_ok());
     }

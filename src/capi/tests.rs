@@ -180,6 +180,8 @@ fn header_declares_exactly_the_rust_exports() {
     assert_eq!(h.get("attnforge_fwd"), Some(&8));
     assert_eq!(h.get("attnforge_explain"), Some(&3));
     assert_eq!(h.get("attnforge_last_error"), Some(&2));
+    assert_eq!(h.get("attnforge_bwd"), Some(&13));
+    assert_eq!(h.get("attnforge_bwd_workspace_size"), Some(&2));
     // Each export has #[no_mangle] right above it.
     let src = strip_comments(RUST);
     for name in r.keys() {
@@ -298,7 +300,9 @@ fn header_compiles_with_the_rust_layout() {
     // The prototypes must accept the argument types the Rust side takes.
     c += "int check(void) { attnforge_problem p = {0}; attnforge_tensor t = {0}; attnforge_fwd_context x; char b[8];\n\
           return attnforge_fwd(&p, &t, &t, &t, &t, (float*)0, (void*)0, &x) + attnforge_explain(&p, b, sizeof b)\n\
-          + (int)attnforge_last_error(b, sizeof b) + attnforge_abi_version() + (attnforge_status_string(0) != 0); }\n";
+          + (int)attnforge_last_error(b, sizeof b) + attnforge_abi_version() + (attnforge_status_string(0) != 0); }\n\
+          int check_bwd(void) { attnforge_problem p = {0}; attnforge_tensor t = {0}; size_t n = 0; const float* lse = 0;\n\
+          return attnforge_bwd_workspace_size(&p, &n) + attnforge_bwd(&p, &t, &t, &t, &t, &t, &t, &t, &t, lse, (void*)0, n, (void*)0); }\n";
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("abi.c");
     std::fs::write(&file, c).unwrap();
@@ -380,7 +384,10 @@ fn explain_works_without_a_gpu() {
         text.contains("forward   -> generated  spec fwd.bf16.d128.causal-br.dense.sm90a"),
         "{text}"
     );
-    assert!(text.contains("backward kernel not available in this build"), "{text}");
+    assert!(
+        text.contains("backward  -> generated  spec bwd.bf16.d128.causal-br.dense.sm90a"),
+        "{text}"
+    );
     assert_eq!(last_error(), "");
     // Too small: cut, NUL-terminated, and the error says how much is needed.
     let (rc, cut) = explain(&problem(), 16);
@@ -536,4 +543,110 @@ fn context_out_reports_layout_and_producer() {
     let name = unsafe { CStr::from_ptr(c.backend.as_ptr()) };
     assert_eq!(name.to_str().unwrap(), "generated");
     assert_eq!(c.size as usize, std::mem::size_of::<AttnforgeFwdContext>());
+}
+
+#[test]
+fn bwd_workspace_size_is_the_chosen_backends() {
+    let p = problem();
+    let mut n = usize::MAX;
+    // SAFETY: valid struct and out-pointer.
+    let rc = unsafe { attnforge_bwd_workspace_size(&p, &mut n) };
+    assert_eq!(rc, ATTNFORGE_OK, "{}", last_error());
+    use crate::dispatch::Backend as _;
+    let gen = crate::dispatch::GeneratedBackend::global();
+    // SAFETY: valid struct.
+    let (rust, _, _) = unsafe { read_problem(&p) }.ok().unwrap();
+    assert_eq!(n, gen.workspace_bytes(crate::spec::Direction::Bwd, &rust));
+    // Dsum (2·16·1000 f32) and the f32 dQ accumulator (2·1000·16·128 f32).
+    assert_eq!(n, 4 * 2 * 16 * 1000 + 4 * 2 * 1000 * 16 * 128);
+    let det = AttnforgeProblem {
+        flags: ATTNFORGE_FLAG_REQUIRES_GRAD | ATTNFORGE_FLAG_DETERMINISTIC,
+        ..problem()
+    };
+    // SAFETY: as above.
+    assert_eq!(unsafe { attnforge_bwd_workspace_size(&det, &mut n) }, ATTNFORGE_OK);
+    assert_eq!(n, 4 * 2 * 16 * 1000);
+    // SAFETY: NULL out-pointer is reported.
+    let rc = unsafe { attnforge_bwd_workspace_size(&p, std::ptr::null_mut()) };
+    assert_eq!(rc, ATTNFORGE_ERR_INVALID_ARGUMENT);
+    let drop = AttnforgeProblem {
+        dropout_p: 0.1,
+        ..problem()
+    };
+    // SAFETY: as above.
+    let rc = unsafe { attnforge_bwd_workspace_size(&drop, &mut n) };
+    assert_eq!(rc, ATTNFORGE_ERR_NO_BACKEND);
+    assert!(last_error().contains("dropout"), "{}", last_error());
+}
+
+#[test]
+fn bwd_refuses_before_compiling_or_touching_the_driver() {
+    let p = problem();
+    let kv = |ptr: usize| AttnforgeTensor {
+        stride_batch: 1000 * 4 * 128,
+        stride_seq: 4 * 128,
+        ..tensor(ptr)
+    };
+    let (q, k, v, o, d_o) = (
+        tensor(0x10000),
+        kv(0x20000),
+        kv(0x30000),
+        tensor(0x40000),
+        tensor(0x50000),
+    );
+    let (dq, dk, dv) = (tensor(0x60000), kv(0x70000), kv(0x80000));
+    let mut n = 0;
+    // SAFETY: valid struct and out-pointer.
+    assert_eq!(unsafe { attnforge_bwd_workspace_size(&p, &mut n) }, ATTNFORGE_OK);
+    let run = |dk: &AttnforgeTensor, ws: usize, bytes: usize| {
+        // SAFETY: no device memory is touched: every call below is refused
+        // at the argument check.
+        unsafe {
+            attnforge_bwd(
+                &p,
+                &q,
+                &k,
+                &v,
+                &o,
+                &d_o,
+                &dq,
+                dk,
+                &dv,
+                0x90000 as *const f32,
+                ws as *mut c_void,
+                bytes,
+                std::ptr::null_mut(),
+            )
+        }
+    };
+    let bad_dk = AttnforgeTensor {
+        ptr: 0x70004 as *mut c_void,
+        ..dk
+    };
+    assert_eq!(run(&bad_dk, 0x100_0000, n), ATTNFORGE_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("`dk`"), "{}", last_error());
+    assert_eq!(run(&dk, 0x100_0000, n - 1), ATTNFORGE_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("workspace"), "{}", last_error());
+    assert_eq!(run(&dk, 0, n), ATTNFORGE_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("workspace"), "{}", last_error());
+    // SAFETY: refused before any pointer is read.
+    let rc = unsafe {
+        attnforge_bwd(
+            &p,
+            &q,
+            &k,
+            &v,
+            &o,
+            std::ptr::null(),
+            &dq,
+            &dk,
+            &dv,
+            std::ptr::null(),
+            std::ptr::null_mut(),
+            0,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(rc, ATTNFORGE_ERR_INVALID_ARGUMENT);
+    assert_eq!(last_error(), "tensor d_o is NULL");
 }

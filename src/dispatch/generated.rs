@@ -9,11 +9,12 @@
 //! arch, 9.0 → sm90a); which template serves it (today the sm80 template for
 //! both paths) is the planner's business and shows in `explain`.
 //!
-//! Backward: declined with [`BWD_UNAVAILABLE`] until `launch_bwd` lands.
-//! Wiring it in: set `BWD_UNAVAILABLE` to `None`, fill [`GeneratedBackend::call_bwd`]
-//! from `launch_bwd::{BwdArgs, check_bwd, launch_bwd}` (the mapping is
-//! written out in its doc comment) and return `bwd_workspace_bytes` from
-//! [`Backend::workspace_bytes`].
+//! Backward: `launch_bwd` on a forward context from any backend whose LSE
+//! layout matches ours (every dense context; packed THD). The scratch memory
+//! is one caller-allocated workspace ([`GeneratedBackend::bwd_workspace_layout`]):
+//! `Dsum` (f32, LSE-sized) cut from its front, 16-byte aligned, then the
+//! kernel's own workspace (`launch_bwd::bwd_workspace_bytes`: the f32 dQ
+//! accumulator in fast mode, nothing in deterministic mode).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,19 +24,20 @@ use cudarc::driver::{result, sys};
 
 use crate::jit::{CompiledKernel, Jit};
 use crate::launch::{self, FwdArgs, FwdParams, FwdProblem, LaunchDims, LaunchError, LoadedKernel};
-use crate::plan::plan;
+use crate::launch_bwd::{self, BwdArgs, WORKSPACE_ALIGN};
+use crate::plan::{plan, KernelPlan};
 use crate::spec::{AttnSpec, Direction, Layout};
 
 use super::backend::{Backend, BackendKind, Caps, Support, ALL_MASKS};
-use super::context::FwdContext;
+use super::context::{ContextError, FwdContext, LseKind, LseLayout};
 use super::problem::{ComputeCapability as Cc, ElemType, Problem, ProblemKey};
 use super::{BwdCall, DispatchError, FwdCall};
 
 /// The backend's name in policies and logs.
 pub const GENERATED: &str = "generated";
 
-/// Why backward declines in this build (`None` once `launch_bwd` is wired in).
-pub const BWD_UNAVAILABLE: Option<&str> = Some("backward kernel not available in this build");
+/// Why backward declines in this build (`None`: `launch_bwd` is wired in).
+pub const BWD_UNAVAILABLE: Option<&str> = None;
 
 /// The rows the planner does not judge. Head dims, masks, layouts and
 /// arch-specific limits are left to `plan()` (`head_dims: None`).
@@ -61,6 +63,30 @@ pub const GENERATED_CAPS: Caps = Caps {
 pub struct PreparedFwd {
     pub kernel: Arc<CompiledKernel>,
     pub launch: Option<(FwdParams, LaunchDims)>,
+}
+
+/// How a backward's one workspace is split: `Dsum` (f32, LSE-sized) at
+/// offset 0, rounded up to 16 bytes, then the kernel's own scratch
+/// (`launch_bwd::bwd_workspace_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BwdWorkspace {
+    pub dsum_bytes: u64,
+    pub kernel_bytes: u64,
+}
+
+impl BwdWorkspace {
+    /// The split for `plan` (a backward plan) and a problem whose LSE has
+    /// `lse_len` elements.
+    pub fn new(plan: &KernelPlan, problem: &FwdProblem, lse_len: usize) -> Self {
+        BwdWorkspace {
+            dsum_bytes: (4 * lse_len as u64).next_multiple_of(WORKSPACE_ALIGN),
+            kernel_bytes: launch_bwd::bwd_workspace_bytes(plan, problem),
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.dsum_bytes + self.kernel_bytes
+    }
 }
 
 type LoadedMap = HashMap<(usize, AttnSpec), Arc<LoadedKernel>>;
@@ -129,6 +155,103 @@ impl GeneratedBackend {
                 window: p.window,
             },
         }
+    }
+
+    /// The run-time problem of a backward, from the forward's context (its
+    /// resolved scale and mask parameters, its `cu_seqlens`).
+    pub fn bwd_problem(ctx: &FwdContext) -> FwdProblem {
+        let p = &ctx.problem;
+        FwdProblem {
+            batch: p.batch,
+            heads_q: p.heads_q,
+            heads_kv: p.heads_kv,
+            seqlen_q: p.seqlen_q,
+            seqlen_k: p.seqlen_k,
+            cu_seqlens_q: ctx.cu_seqlens_q,
+            cu_seqlens_k: ctx.cu_seqlens_k,
+            total_q: p.total_q,
+            scale: Some(ctx.scale),
+            softcap: ctx.mask.softcap,
+            window: ctx.mask.window,
+        }
+    }
+
+    /// The plan of `spec`: from the jit memo when compiled, else planned (pure).
+    fn plan_of(&self, spec: &AttnSpec) -> Result<KernelPlan, DispatchError> {
+        if let Some(k) = self.jit().memo_get(spec) {
+            return Ok(k.plan.clone());
+        }
+        plan(spec).map_err(|e| DispatchError::Build {
+            spec: spec.to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    /// The workspace split of a backward of `p` (no GPU, no compile).
+    pub fn bwd_workspace(&self, p: &Problem) -> Result<BwdWorkspace, DispatchError> {
+        let spec = p
+            .key()
+            .spec(Direction::Bwd)
+            .map_err(|reason| DispatchError::NoBackend {
+                direction: Direction::Bwd,
+                reasons: vec![(GENERATED, reason)],
+            })?;
+        let plan = self.plan_of(&spec)?;
+        let lse_len = LseLayout::for_problem(LseKind::natural(p.layout), p).map_or(0, |l| l.len());
+        let fp = FwdProblem {
+            batch: p.batch,
+            heads_q: p.heads_q,
+            seqlen_q: p.seqlen_q,
+            total_q: p.total_q,
+            ..Default::default()
+        };
+        Ok(BwdWorkspace::new(&plan, &fp, lse_len))
+    }
+
+    /// The launch arguments of a backward and the kernel's part of the
+    /// workspace (pointer, bytes), after checking the caller's workspace
+    /// against the split.
+    pub fn bwd_args(call: &BwdCall, ctx: &FwdContext, plan: &KernelPlan) -> Result<(BwdArgs, u64, u64), DispatchError> {
+        let problem = Self::bwd_problem(ctx);
+        let split = BwdWorkspace::new(plan, &problem, ctx.lse_layout.len());
+        let ws = call.workspace;
+        let bad = |reason: String| {
+            DispatchError::Launch(LaunchError::InvalidArgument {
+                arg: "workspace",
+                reason,
+            })
+        };
+        if ws.ptr == 0 || !ws.ptr.is_multiple_of(WORKSPACE_ALIGN) {
+            return Err(bad(format!(
+                "must be non-null and {WORKSPACE_ALIGN}-byte aligned ({} bytes needed: {} for Dsum, {} for the kernel)",
+                split.total(),
+                split.dsum_bytes,
+                split.kernel_bytes
+            )));
+        }
+        if (ws.bytes as u64) < split.total() {
+            return Err(bad(format!(
+                "{} bytes given, {} needed ({} for Dsum, {} for the kernel; see Backend::workspace_bytes)",
+                ws.bytes,
+                split.total(),
+                split.dsum_bytes,
+                split.kernel_bytes
+            )));
+        }
+        let args = BwdArgs {
+            q: call.q,
+            k: call.k,
+            v: call.v,
+            o: call.o,
+            d_o: call.d_o,
+            lse: ctx.lse,
+            dsum: ws.ptr,
+            dq: call.dq,
+            dk: call.dk,
+            dv: call.dv,
+            problem,
+        };
+        Ok((args, ws.ptr + split.dsum_bytes, ws.bytes as u64 - split.dsum_bytes))
     }
 
     /// The kernel for `spec`: a jit memo hit on the hot path, else the cache
@@ -206,8 +329,13 @@ impl Backend for GeneratedBackend {
         })
     }
 
-    fn workspace_bytes(&self, _direction: Direction, _problem: &Problem) -> usize {
-        0
+    /// Forward: none. Backward: Dsum (16-byte aligned) + the kernel's scratch
+    /// ([`BwdWorkspace`]); 0 for a problem this backend cannot plan.
+    fn workspace_bytes(&self, direction: Direction, problem: &Problem) -> usize {
+        match direction {
+            Direction::Fwd => 0,
+            Direction::Bwd => self.bwd_workspace(problem).map_or(0, |w| w.total() as usize),
+        }
     }
 
     fn call_fwd(&self, call: &FwdCall, support: &Support) -> Result<FwdContext, DispatchError> {
@@ -244,25 +372,57 @@ impl Backend for GeneratedBackend {
         Ok(ctx)
     }
 
-    /// Until `launch_bwd` lands this is unreachable (`supports` declines).
-    /// The wiring, for whoever lands it:
-    /// `BwdArgs { q, k, v, o, d_o, dq, dk, dv, lse: ctx.lse, problem: <FwdProblem
-    /// from ctx.problem, ctx.cu_seqlens_*, ctx.scale, ctx.mask> }`, after
-    /// `ctx.for_consumer(self)?` (identity for our own contexts; a
-    /// non-identity conversion needs the gather kernel, see docs/dispatch.md),
-    /// then `check_bwd` + `launch_bwd` on `call.stream` with `call.workspace`.
-    fn call_bwd(&self, _call: &BwdCall, _ctx: &FwdContext, _support: &Support) -> Result<(), DispatchError> {
-        Err(DispatchError::DirectionUnsupported {
+    /// The backward on a context from any backend whose LSE layout is ours
+    /// (dense, or packed THD): `Dsum` is cut from the front of
+    /// `call.workspace`, the rest goes to the kernel ([`BwdWorkspace`]).
+    fn call_bwd(&self, call: &BwdCall, ctx: &FwdContext, support: &Support) -> Result<(), DispatchError> {
+        let spec = support.spec.ok_or(DispatchError::DirectionUnsupported {
             backend: GENERATED,
             direction: Direction::Bwd,
-        })
+        })?;
+        let conv = ctx.for_consumer(self)?;
+        if conv.needs_device_work() {
+            return Err(DispatchError::Context(ContextError::Incompatible {
+                from: conv.from.to_string(),
+                to: conv.to.to_string(),
+                reason: "the device gather kernel for LSE conversion is not written yet".into(),
+            }));
+        }
+        let kernel = match self.jit().memo_get(&spec) {
+            Some(k) => k,
+            None => {
+                // First call: refuse bad arguments before compiling or touching the driver.
+                let plan = self.plan_of(&spec)?;
+                let (args, ws, ws_bytes) = Self::bwd_args(call, ctx, &plan)?;
+                launch_bwd::check_bwd(&plan, &args, ws, ws_bytes)?;
+                self.kernel(&spec)?
+            }
+        };
+        let (args, ws, ws_bytes) = Self::bwd_args(call, ctx, &kernel.plan)?;
+        let loaded = match self.loaded_hit(&kernel) {
+            Some(l) => l,
+            None => {
+                launch_bwd::check_bwd(&kernel.plan, &args, ws, ws_bytes)?;
+                self.load(&kernel)?
+            }
+        };
+        // SAFETY: the caller of `Dispatcher::bwd` promises device pointers of
+        // the current context sized for the shapes and strides of the
+        // context's problem, a workspace of `call.workspace.bytes` bytes and a
+        // stream of that context; `launch_bwd` checks every argument
+        // (`check_bwd`) before it launches.
+        unsafe { launch_bwd::launch_bwd(&loaded, &args, ws, ws_bytes, call.stream as sys::CUstream)? };
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::launch::TensorArg;
     use crate::spec::Mask;
+
+    use super::super::Workspace;
 
     fn backend() -> GeneratedBackend {
         GeneratedBackend::global()
@@ -303,11 +463,182 @@ mod tests {
     }
 
     #[test]
-    fn backward_declines_until_the_kernel_lands() {
+    fn backward_support_is_the_planner_answer() {
+        let b = backend();
         let p = Problem::dense(ElemType::F16, 64, 1, 4, 4, 64, 64, SM90).with_grad();
+        let s = b.supports(Direction::Bwd, &key(p)).unwrap();
+        assert_eq!(s.spec.unwrap().to_string(), "bwd.f16.d64.none.dense.sm90a");
+        assert!(s.note.unwrap().contains("bwd_sm80.cu"));
+        let s = b
+            .supports(Direction::Bwd, &key(p.with_deterministic().with_window(8, 0)))
+            .unwrap();
+        assert_eq!(s.spec.unwrap().to_string(), "bwd.f16.d64.window.dense.det.sm90a");
+        // The same capability rows as the forward.
+        assert!(b
+            .supports(Direction::Bwd, &key(p.with_dropout(0.1)))
+            .unwrap_err()
+            .contains("dropout"));
+        assert!(b
+            .supports(Direction::Bwd, &key(p.with_attn_mask()))
+            .unwrap_err()
+            .contains("attn_mask"));
+    }
+
+    fn fast_plan(p: &Problem) -> KernelPlan {
+        plan(&p.key().spec(Direction::Bwd).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn backward_workspace_is_dsum_then_the_kernel_scratch() {
+        let b = backend();
+        // Dense fast mode: 4·B·H·Sq rounded up to 16, then the f32 dQ accumulator.
+        let p = Problem::dense(ElemType::Bf16, 72, 3, 5, 5, 33, 40, SM90).with_grad();
+        let dpad = fast_plan(&p).head_dim_qk_padded as u64;
+        let dsum = (4 * 3 * 5 * 33u64).next_multiple_of(16);
+        assert_eq!(dsum, 1984);
+        let kernel = 3 * 33 * 5 * dpad * 4;
         assert_eq!(
-            backend().supports(Direction::Bwd, &key(p)).unwrap_err(),
-            "backward kernel not available in this build"
+            b.bwd_workspace(&p).unwrap(),
+            BwdWorkspace {
+                dsum_bytes: dsum,
+                kernel_bytes: kernel
+            }
         );
+        assert_eq!(b.workspace_bytes(Direction::Bwd, &p), (dsum + kernel) as usize);
+        assert_eq!(b.workspace_bytes(Direction::Fwd, &p), 0);
+        // Deterministic: Dsum only.
+        assert_eq!(
+            b.workspace_bytes(Direction::Bwd, &p.with_deterministic()),
+            dsum as usize
+        );
+        // THD: Dsum is [H, total_q]; the accumulator covers total_q rows.
+        let t = Problem::thd(ElemType::F16, 64, 4, 8, 2, (100, 250), (120, 300), SM90).with_grad();
+        let dpad = fast_plan(&t).head_dim_qk_padded as u64;
+        assert_eq!(
+            b.workspace_bytes(Direction::Bwd, &t) as u64,
+            (4 * 8 * 250u64).next_multiple_of(16) + 250 * 8 * dpad * 4
+        );
+        // Nothing to plan: 0, and the reason as a typed error.
+        let mut f32p = p;
+        f32p.dtype = ElemType::F32;
+        assert_eq!(b.workspace_bytes(Direction::Bwd, &f32p), 0);
+        assert!(b.bwd_workspace(&f32p).unwrap_err().to_string().contains("f32"));
+    }
+
+    fn bwd_call(sq: i64, sk: i64, h: i64, d: i64) -> BwdCall {
+        let t = |ptr: u64, s: i64| TensorArg::bshd(ptr, s, h, d);
+        BwdCall {
+            d_o: t(0x10_0000, sq),
+            q: t(0x20_0000, sq),
+            k: t(0x30_0000, sk),
+            v: t(0x40_0000, sk),
+            o: t(0x50_0000, sq),
+            dq: t(0x60_0000, sq),
+            dk: t(0x70_0000, sk),
+            dv: t(0x80_0000, sk),
+            attn_bias: None,
+            workspace: Workspace::default(),
+            stream: 0,
+        }
+    }
+
+    fn fwd_ctx(producer: &dyn Backend, p: Problem) -> FwdContext {
+        let t = TensorArg::default();
+        let mut c = FwdCall::new(p, t, t, t, t, 0x9_0000);
+        if p.layout == Layout::Thd {
+            c.cu_seqlens_q = Some(0xa_0000);
+            c.cu_seqlens_k = Some(0xb_0000);
+        }
+        FwdContext::new(producer, &c).unwrap()
+    }
+
+    #[test]
+    fn backward_args_come_from_the_call_and_the_context() {
+        let b = backend();
+        let p = Problem::dense(ElemType::Bf16, 64, 2, 4, 2, 48, 80, SM90)
+            .with_grad()
+            .with_scale(0.3)
+            .with_window(16, 4);
+        let ctx = fwd_ctx(&b, p);
+        let pl = fast_plan(&p);
+        let need = b.bwd_workspace(&p).unwrap();
+        let mut call = bwd_call(48, 80, 4, 64);
+        call.workspace = Workspace {
+            ptr: 0x100_0000,
+            bytes: need.total() as usize + 64,
+        };
+        let (args, ws, ws_bytes) = GeneratedBackend::bwd_args(&call, &ctx, &pl).unwrap();
+        assert_eq!(args.dsum, 0x100_0000);
+        assert_eq!(ws, 0x100_0000 + need.dsum_bytes);
+        assert_eq!(ws_bytes, need.kernel_bytes + 64);
+        assert_eq!((args.lse, args.d_o, args.dv), (0x9_0000, call.d_o, call.dv));
+        assert_eq!(args.problem.scale, Some(0.3));
+        assert_eq!(args.problem.window, (16, 4));
+        assert_eq!((args.problem.heads_q, args.problem.heads_kv), (4, 2));
+        let launch = launch_bwd::check_bwd(&pl, &args, ws, ws_bytes).unwrap().unwrap();
+        assert_eq!(launch.params.dsum, 0x100_0000);
+        assert_eq!(launch.params.dq_accum, ws);
+        // Too small, null or unaligned: typed errors naming the workspace.
+        for w in [
+            Workspace {
+                ptr: 0x100_0000,
+                bytes: need.total() as usize - 1,
+            },
+            Workspace {
+                ptr: 0,
+                bytes: need.total() as usize,
+            },
+            Workspace {
+                ptr: 0x100_0008,
+                bytes: need.total() as usize,
+            },
+        ] {
+            call.workspace = w;
+            let e = GeneratedBackend::bwd_args(&call, &ctx, &pl).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    DispatchError::Launch(LaunchError::InvalidArgument { arg: "workspace", .. })
+                ),
+                "{e:?}"
+            );
+            assert!(e.to_string().contains("for Dsum"), "{e}");
+        }
+    }
+
+    #[test]
+    fn backward_refuses_bad_input_before_compiling_or_touching_the_driver() {
+        let b = backend();
+        let p = Problem::dense(ElemType::F16, 64, 1, 4, 4, 64, 64, SM90)
+            .with_grad()
+            .with_mask(Mask::CausalBottomRight);
+        let s = b.supports(Direction::Bwd, &key(p)).unwrap();
+        let ctx = fwd_ctx(&b, p);
+        let mut call = bwd_call(64, 64, 4, 64);
+        call.workspace = Workspace {
+            ptr: 0x100_0000,
+            bytes: b.workspace_bytes(Direction::Bwd, &p),
+        };
+        call.dk.ptr = 0;
+        let e = b.call_bwd(&call, &ctx, &s).unwrap_err();
+        assert!(
+            matches!(e, DispatchError::Launch(LaunchError::InvalidArgument { arg: "dk", .. })),
+            "{e:?}"
+        );
+        // A context from torch's cuDNN (dense LSE) is consumed as is: the same check answers.
+        let cudnn = super::super::DirectBackend::torch_cudnn();
+        let e = b.call_bwd(&call, &fwd_ctx(&cudnn, p), &s).unwrap_err();
+        assert!(matches!(e, DispatchError::Launch(_)), "{e:?}");
+        // A padded THD LSE would need the device gather kernel: refused.
+        let t = Problem::thd(ElemType::F16, 64, 2, 4, 4, (64, 100), (64, 100), SM90).with_grad();
+        let padded = super::super::DirectBackend::torch_flash().with_thd_lse(LseKind::Padded);
+        let st = b.supports(Direction::Bwd, &key(t)).unwrap();
+        let e = b.call_bwd(&call, &fwd_ctx(&padded, t), &st).unwrap_err();
+        assert!(e.to_string().contains("gather kernel"), "{e}");
+        // No spec in the support: not ours to run.
+        assert!(matches!(
+            b.call_bwd(&call, &ctx, &Support::default()),
+            Err(DispatchError::DirectionUnsupported { .. })
+        ));
     }
 }

@@ -37,7 +37,7 @@ fn order(dd: &DirDecision) -> Vec<&'static str> {
 }
 
 #[test]
-fn default_ranking_prefers_generated_forward_and_falls_back_for_backward() {
+fn default_ranking_prefers_generated_in_both_directions() {
     let d = torch(Policy::auto());
     let dec = d
         .decide_problem(&dense(128).with_mask(Mask::CausalBottomRight).with_grad())
@@ -47,12 +47,19 @@ fn default_ranking_prefers_generated_forward_and_falls_back_for_backward() {
     assert_eq!(f.spec().unwrap().to_string(), "fwd.bf16.d128.causal-br.dense.sm90a");
     assert_eq!(order(&dec.fwd), ["generated", "torch-flash", "torch-cudnn"]);
     assert_eq!(dec.fwd.ranked[1].verdict, Verdict::Eligible);
-    assert_eq!(dec.bwd.chosen().unwrap().name(), "torch-flash");
-    assert_eq!(
-        rejected_reason(&dec.bwd, "generated"),
-        "backward kernel not available in this build"
-    );
+    let b = dec.bwd.chosen().unwrap();
+    assert_eq!(b.name(), "generated");
+    assert_eq!(b.spec().unwrap().to_string(), "bwd.bf16.d128.causal-br.dense.sm90a");
+    assert_eq!(order(&dec.bwd), ["generated", "torch-flash", "torch-cudnn"]);
+    assert_eq!(dec.bwd.ranked[1].verdict, Verdict::Eligible);
     assert_eq!(dec.bwd.ranked[2].verdict, Verdict::Eligible);
+    // A backward policy still routes it to torch.
+    d.set_policy(Policy::auto().with_bwd("torch-flash"));
+    let dec = d
+        .decide_problem(&dense(128).with_mask(Mask::CausalBottomRight).with_grad())
+        .unwrap();
+    assert_eq!(dec.fwd.chosen().unwrap().name(), "generated");
+    assert_eq!(dec.bwd.chosen().unwrap().name(), "torch-flash");
 }
 
 #[test]
@@ -138,18 +145,15 @@ fn a_policy_naming_a_declining_backend_explains_why() {
         msg.contains("policy=generated") && msg.contains("generated: arbitrary attn_mask unsupported"),
         "{msg}"
     );
-    // Backward: generated is named but has no kernel yet.
+    // Backward: generated is named but declines the dropout problem.
     d.set_policy(Policy::auto().with_bwd("generated"));
     let e = d
-        .decide_problem(&dense(128).with_grad())
+        .decide_problem(&dense(128).with_grad().with_dropout(0.1))
         .unwrap()
         .bwd
         .chosen()
         .unwrap_err();
-    assert!(
-        e.to_string().contains("backward kernel not available in this build"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("generated: dropout unsupported"), "{e}");
 }
 
 #[test]
@@ -199,6 +203,16 @@ fn deterministic_backward_skips_cudnn() {
         rejected_reason(&dec.bwd, "torch-cudnn"),
         "deterministic backward unsupported"
     );
+    // By default the generated backward takes it, with its deterministic kernel.
+    d.set_policy(Policy::auto());
+    let dec = d.decide_problem(&dense(128).with_grad().with_deterministic()).unwrap();
+    let b = dec.bwd.chosen().unwrap();
+    assert_eq!(b.name(), "generated");
+    assert_eq!(b.spec().unwrap().to_string(), "bwd.bf16.d128.none.dense.det.sm90a");
+    assert_eq!(
+        dec.fwd.chosen().unwrap().spec().unwrap().to_string(),
+        "fwd.bf16.d128.none.dense.sm90a"
+    );
 }
 
 #[test]
@@ -209,11 +223,18 @@ fn softcap_and_non_square_top_left_stay_on_generated_only() {
     let dec = d.decide_problem(&p).unwrap();
     assert_eq!(dec.fwd.chosen().unwrap().name(), "generated");
     assert!(rejected_reason(&dec.bwd, "torch-flash").contains("top-left"));
-    // cuDNN's causal is top-left: it takes the backward.
+    // The generated backward takes it; among torch's, cuDNN's causal is top-left.
+    assert_eq!(dec.bwd.chosen().unwrap().name(), "generated");
+    d.set_policy(Policy::auto().with_bwd("torch-flash,torch-cudnn"));
+    let dec = d.decide_problem(&p).unwrap();
     assert_eq!(dec.bwd.chosen().unwrap().name(), "torch-cudnn");
+    d.set_policy(Policy::auto());
     let dec = d.decide_problem(&dense(128).with_softcap(30.0).with_grad()).unwrap();
     assert_eq!(dec.fwd.chosen().unwrap().name(), "generated");
-    assert!(dec.bwd.chosen().is_err(), "no backward does softcap yet");
+    let b = dec.bwd.chosen().unwrap();
+    assert_eq!(b.name(), "generated", "only the generated backward does softcap");
+    assert_eq!(b.spec().unwrap().to_string(), "bwd.bf16.d128.none.dense.softcap.sm90a");
+    assert_eq!(rejected_reason(&dec.bwd, "torch-flash"), "softcap unsupported");
 }
 
 #[test]
@@ -273,7 +294,7 @@ fn thd_call(problem: Problem) -> FwdCall {
 }
 
 #[test]
-fn generated_forward_context_feeds_a_torch_flash_backward() {
+fn generated_forward_context_feeds_either_backward() {
     // Ragged self-attention: 4 sequences (one empty), total 8 tokens.
     let cu = [0, 2, 2, 7, 8];
     let p = Problem::thd(ElemType::Bf16, 128, 4, 3, 1, (5, 8), (5, 8), SM90)
@@ -283,8 +304,9 @@ fn generated_forward_context_feeds_a_torch_flash_backward() {
     let d = torch(Policy::auto());
     let dec = d.decide_problem(&p).unwrap();
     assert_eq!(dec.fwd.chosen().unwrap().name(), "generated");
-    assert_eq!(dec.bwd.chosen().unwrap().name(), "torch-flash");
+    assert_eq!(dec.bwd.chosen().unwrap().name(), "generated");
     assert_eq!(dec.lse_handoff(), Some((LseKind::Packed, LseKind::Packed)));
+    d.set_policy(Policy::auto().with_bwd("torch-flash"));
 
     let gen = d.backend("generated").unwrap();
     let ctx = FwdContext::new(gen.as_ref(), &thd_call(p)).unwrap();
@@ -322,6 +344,10 @@ fn generated_forward_context_feeds_a_torch_flash_backward() {
 
     // A torch whose varlen flash reads a padded [B, H, max_seqlen_q] LSE.
     let old = torch_with_padded_flash();
+    let (chosen, conv) = old.bwd_route(&ctx).unwrap();
+    assert_eq!(chosen.name(), "generated", "ours first: packed, nothing to convert");
+    assert!(conv.is_identity());
+    old.set_policy(Policy::auto().with_bwd("torch-flash"));
     let (_, conv) = old.bwd_route(&ctx).unwrap();
     assert_eq!(
         conv.to,
@@ -432,4 +458,43 @@ fn explain_lists_every_candidate_with_its_reason() {
     let text = d.explain(&dense(64).with_grad()).unwrap();
     assert!(text.contains("spec fwd.bf16.d64.none.dense.sm90a"), "{text}");
     assert!(text.contains("[template fwd_sm80.cu"), "{text}");
+}
+
+#[test]
+fn generated_backward_runs_through_the_dispatcher_after_any_dense_forward() {
+    let d = torch(Policy::auto());
+    let p = dense(64).with_mask(Mask::CausalBottomRight).with_grad();
+    let t = TensorArg::bshd(0x10000, 2048, 16, 64);
+    let gen = d.backend("generated").unwrap();
+    let ws = gen.workspace_bytes(Direction::Bwd, &p);
+    assert!(ws >= 4 * 2 * 16 * 2048, "{ws}");
+    let mut call = BwdCall {
+        d_o: t,
+        q: t,
+        k: t,
+        v: t,
+        o: t,
+        dq: t,
+        dk: t,
+        dv: TensorArg { ptr: 0x10008, ..t },
+        attn_bias: None,
+        workspace: Workspace {
+            ptr: 0x800_0000,
+            bytes: ws,
+        },
+        stream: 0,
+    };
+    // Contexts from our forward and from torch's cuDNN forward (dense LSE)
+    // both reach the generated backward's argument check (no GPU needed).
+    for producer in ["generated", "torch-cudnn", "torch-flash"] {
+        let b = d.backend(producer).unwrap();
+        let ctx = FwdContext::new(b.as_ref(), &FwdCall::new(p, t, t, t, t, 0x20000)).unwrap();
+        let e = d.bwd(&call, &ctx).unwrap_err();
+        assert!(e.to_string().contains("`dv`"), "{producer}: {e}");
+    }
+    call.dv = t;
+    call.workspace.bytes = ws - 16;
+    let ctx = FwdContext::new(gen.as_ref(), &FwdCall::new(p, t, t, t, t, 0x20000)).unwrap();
+    let e = d.bwd(&call, &ctx).unwrap_err();
+    assert!(e.to_string().contains("workspace"), "{e}");
 }
