@@ -301,6 +301,24 @@ def _route_key_const(*key: Any) -> Tuple[Optional[str], Optional[str], Optional[
     return _route_key(*key)
 
 
+def _static_bool(cond) -> bool:
+    """A Python bool; for a symbolic condition the branch installs a guard."""
+    return True if cond else False
+
+
+def _static_head_dim(d) -> int:
+    """A head dim as a Python int. Eager sizes are ints already; under
+    torch.compile (where a dynamic size is symbolic, and dynamo reports it as
+    an int) it is matched against the supported values by branches, which
+    guard on it; -1 when it is none of them."""
+    if not torch.compiler.is_compiling():
+        return int(d)
+    for cand in range(8, 257, 8):
+        if d == cand:
+            return cand
+    return -1
+
+
 def route(
     q: Tensor,
     k: Tensor,
@@ -319,15 +337,17 @@ def route(
     and inside ``torch.compile`` (decided once at trace time)."""
     if q.dtype not in _DTYPE_TOKEN:
         return None, None, f"dtype {q.dtype} unsupported", f"dtype {q.dtype} unsupported"
+    # Under torch.compile with dynamic shapes these sizes are symbolic; the
+    # decision must be a constant of the graph, so each input is specialized
+    # by a branch on it (a guard), never passed on as a symbol.
+    gqa = _static_bool(q.shape[1] != k.shape[1])
     if thd:
-        gqa = bool(q.shape[1] != k.shape[1])
         square = equal_seqlens
     else:
-        gqa = bool(q.shape[1] != k.shape[1])
-        square = bool(q.shape[2] == k.shape[2])
+        square = _static_bool(q.shape[2] == k.shape[2])
     if mask not in ("causal-tl", "causal-br"):
         square = False if not thd else square
-    dqk = int(q.shape[-1])
+    dqk = _static_head_dim(q.shape[-1])
     return _route_key_const(
         _DTYPE_TOKEN[q.dtype],
         "thd" if thd else "dense",
@@ -336,10 +356,11 @@ def route(
         int(head_dim_v if head_dim_v is not None else dqk),
         gqa,
         bool(square),
-        softcap > 0.0,
-        dropout_p > 0.0,
-        attn_mask,
-        requires_grad,
+        # Float arguments (and defaults) are symbolic too under dynamic shapes.
+        _static_bool(softcap > 0.0),
+        _static_bool(dropout_p > 0.0),
+        _static_bool(attn_mask),
+        _static_bool(requires_grad),
         torch.are_deterministic_algorithms_enabled(),
         _device_index(q),
     )

@@ -352,6 +352,12 @@ def test_route_is_constant_under_compile_with_fake_cuda(monkeypatch):
     out = torch.compile(f, backend=cnt, fullgraph=True)(q, k)
     torch.testing.assert_close(out, q * 2)
     assert seen[0] == ("generated", "generated"), seen
+    # Dynamic shapes: every size is symbolic, the decision still a constant
+    # (the H200 run found this case failing: GQA heads and the head dim).
+    dyn = torch.compile(f, backend=CompileCounterWithBackend("eager"), fullgraph=True, dynamic=True)
+    for s in (8, 16, 24):
+        q, k = rnd(1, 4, s, 64).to(torch.bfloat16), rnd(1, 2, s, 64).to(torch.bfloat16)
+        torch.testing.assert_close(dyn(q, k), q * 2)
     at._route_key.cache_clear()
 
 
