@@ -25,72 +25,9 @@ use attnforge::launch::{self, FwdArgs, FwdProblem, TensorArg};
 use attnforge::launch_bwd::{self, BwdArgs};
 use attnforge::reference::{attention_bwd, visible, RefProblem};
 use attnforge::{AttnSpec, DType, Direction, Layout};
-use common::{from_bits, normal, off, to_bits, Buf};
+use common::{dense, from_bits, normal, off, thd, to_bits, Buf, Case, Mem};
 use cudarc::driver::sys;
 use rand::SeedableRng;
-
-/// How the tensors of a dense case sit in memory.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Mem {
-    Bshd,
-    Bhsd,
-    /// Q, K, V, O in BSHD; dO, dQ, dK, dV in BHSD (catches mixed-up strides).
-    Mixed,
-}
-
-#[derive(Clone, Debug)]
-struct Case {
-    spec: &'static str,
-    batch: usize,
-    heads_q: usize,
-    heads_kv: usize,
-    /// Dense: one (sq, sk) for all batch entries. THD: one pair per sequence.
-    lens: Vec<(usize, usize)>,
-    mem: Mem,
-    window: (i32, i32),
-    softcap: f32,
-}
-
-fn dense(spec: &'static str, b: usize, hq: usize, hkv: usize, sq: usize, sk: usize) -> Case {
-    Case {
-        spec,
-        batch: b,
-        heads_q: hq,
-        heads_kv: hkv,
-        lens: vec![(sq, sk)],
-        mem: Mem::Bshd,
-        window: (-1, -1),
-        softcap: 0.0,
-    }
-}
-
-fn thd(spec: &'static str, hq: usize, hkv: usize, lens: &[(usize, usize)]) -> Case {
-    Case {
-        spec,
-        batch: lens.len(),
-        heads_q: hq,
-        heads_kv: hkv,
-        lens: lens.to_vec(),
-        mem: Mem::Bshd,
-        window: (-1, -1),
-        softcap: 0.0,
-    }
-}
-
-impl Case {
-    fn mem(mut self, m: Mem) -> Self {
-        self.mem = m;
-        self
-    }
-    fn window(mut self, l: i32, r: i32) -> Self {
-        self.window = (l, r);
-        self
-    }
-    fn softcap(mut self, c: f32) -> Self {
-        self.softcap = c;
-        self
-    }
-}
 
 /// The table. Odd sizes on purpose: 1, 17, 127, 1000; sq != sk both ways
 /// (sq > sk under bottom-right causal leaves rows that see no key); GQA
@@ -252,6 +189,7 @@ fn run_case(c: &Case, spec: AttnSpec, rng: &mut rand::rngs::StdRng) -> Outcome {
 
     let (inputs_mem, grads_mem) = match c.mem {
         Mem::Mixed => (Mem::Bshd, Mem::Bhsd),
+        Mem::PackedQkv => panic!("{}: the backward suite has no packed-qkv layout", c.spec),
         m => (m, m),
     };
     let mk = |mem: Mem, s: usize, h: usize, d: usize| -> TensorArg {

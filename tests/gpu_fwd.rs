@@ -18,72 +18,9 @@ use std::fmt::Write as _;
 use attnforge::launch::{self, FwdArgs, FwdProblem, TensorArg};
 use attnforge::reference::{attention_fwd, RefProblem};
 use attnforge::{AttnSpec, DType, Layout};
-use common::{from_bits, normal, off, to_bits, Buf};
+use common::{dense, from_bits, normal, off, thd, to_bits, Buf, Case, Mem};
 use cudarc::driver::sys;
 use rand::SeedableRng;
-
-/// How Q/K/V/O sit in memory for a dense case.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Mem {
-    Bshd,
-    Bhsd,
-    /// Q, K and V as views into one packed `[b, s, 3, h, d]` buffer (heads_q == heads_kv).
-    PackedQkv,
-}
-
-#[derive(Clone, Debug)]
-struct Case {
-    spec: &'static str,
-    batch: usize,
-    heads_q: usize,
-    heads_kv: usize,
-    /// Dense: one (sq, sk) for all batch entries. THD: one pair per sequence.
-    lens: Vec<(usize, usize)>,
-    mem: Mem,
-    window: (i32, i32),
-    softcap: f32,
-}
-
-fn dense(spec: &'static str, b: usize, hq: usize, hkv: usize, sq: usize, sk: usize) -> Case {
-    Case {
-        spec,
-        batch: b,
-        heads_q: hq,
-        heads_kv: hkv,
-        lens: vec![(sq, sk)],
-        mem: Mem::Bshd,
-        window: (-1, -1),
-        softcap: 0.0,
-    }
-}
-
-fn thd(spec: &'static str, hq: usize, hkv: usize, lens: &[(usize, usize)]) -> Case {
-    Case {
-        spec,
-        batch: lens.len(),
-        heads_q: hq,
-        heads_kv: hkv,
-        lens: lens.to_vec(),
-        mem: Mem::Bshd,
-        window: (-1, -1),
-        softcap: 0.0,
-    }
-}
-
-impl Case {
-    fn mem(mut self, m: Mem) -> Self {
-        self.mem = m;
-        self
-    }
-    fn window(mut self, l: i32, r: i32) -> Self {
-        self.window = (l, r);
-        self
-    }
-    fn softcap(mut self, c: f32) -> Self {
-        self.softcap = c;
-        self
-    }
-}
 
 /// The table. Odd sizes on purpose: 1, 17, 127, 1000, 4097; sq != sk both ways;
 /// GQA 1/4/8; ragged batches with empty and one-token sequences.
@@ -267,6 +204,7 @@ fn run_case(c: &Case, spec: AttnSpec, rng: &mut rand::rngs::StdRng) -> Outcome {
             let n = (b * sq * 3 * h * d) as usize;
             qkv_len = [n, 0, 0, (b * sq * 2 * h * d) as usize];
         }
+        (false, Mem::Mixed) => panic!("{}: Mixed is a backward-suite layout", c.spec),
     }
 
     // Random inputs, rounded to the element type; the reference sees the rounded values.

@@ -85,3 +85,72 @@ pub fn seed() -> u64 {
                 .unwrap_or(1)
         })
 }
+
+/// How the tensors of a dense case sit in memory.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[allow(dead_code)] // each suite uses the layouts it can build
+pub enum Mem {
+    Bshd,
+    Bhsd,
+    /// Q, K and V as views into one packed `[b, s, 3, h, d]` buffer (heads_q == heads_kv); forward suite.
+    PackedQkv,
+    /// Q, K, V, O in BSHD; dO, dQ, dK, dV in BHSD (catches mixed-up strides); backward suite.
+    Mixed,
+}
+
+/// One row of a suite's table.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub spec: &'static str,
+    pub batch: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    /// Dense: one (sq, sk) for all batch entries. THD: one pair per sequence.
+    pub lens: Vec<(usize, usize)>,
+    pub mem: Mem,
+    pub window: (i32, i32),
+    pub softcap: f32,
+}
+
+/// A dense case: `b` sequences of (sq, sk), BSHD unless `.mem(..)` says otherwise.
+pub fn dense(spec: &'static str, b: usize, hq: usize, hkv: usize, sq: usize, sk: usize) -> Case {
+    Case {
+        spec,
+        batch: b,
+        heads_q: hq,
+        heads_kv: hkv,
+        lens: vec![(sq, sk)],
+        mem: Mem::Bshd,
+        window: (-1, -1),
+        softcap: 0.0,
+    }
+}
+
+/// A ragged (THD) case, one (sq, sk) per sequence.
+pub fn thd(spec: &'static str, hq: usize, hkv: usize, lens: &[(usize, usize)]) -> Case {
+    Case {
+        spec,
+        batch: lens.len(),
+        heads_q: hq,
+        heads_kv: hkv,
+        lens: lens.to_vec(),
+        mem: Mem::Bshd,
+        window: (-1, -1),
+        softcap: 0.0,
+    }
+}
+
+impl Case {
+    pub fn mem(mut self, m: Mem) -> Self {
+        self.mem = m;
+        self
+    }
+    pub fn window(mut self, l: i32, r: i32) -> Self {
+        self.window = (l, r);
+        self
+    }
+    pub fn softcap(mut self, c: f32) -> Self {
+        self.softcap = c;
+        self
+    }
+}
