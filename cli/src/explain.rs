@@ -247,7 +247,12 @@ mod tests {
 
     #[test]
     fn decisions_through_the_flags() {
-        assert_eq!(decide("--requires-grad"), ("generated".into(), "generated".into()));
+        // Measured ranking: cuDNN first where it can; ours where only we can.
+        assert_eq!(decide("--requires-grad"), ("torch-cudnn".into(), "torch-cudnn".into()));
+        assert_eq!(
+            decide("--requires-grad --softcap 30"),
+            ("generated".into(), "generated".into())
+        );
         assert_eq!(decide("--attn-mask"), ("torch-cudnn".into(), "torch-cudnn".into()));
         assert_eq!(decide("--dropout 0.1"), ("torch-flash".into(), "torch-flash".into()));
         assert_eq!(
@@ -255,7 +260,7 @@ mod tests {
             ("generated".into(), "generated".into())
         );
         assert_eq!(
-            decide("--requires-grad --backend-bwd torch-flash"),
+            decide("--requires-grad --backend-fwd generated --backend-bwd torch-flash"),
             ("generated".into(), "torch-flash".into())
         );
         assert_eq!(

@@ -29,11 +29,16 @@ use super::generated::GENERATED;
 use super::policy::{Policy, PolicyList};
 use super::problem::ProblemKey;
 
-/// Default preference per direction: generated first when it supports the
-/// problem, then PyTorch's flash, then PyTorch's cuDNN.
+/// Default preference per direction, fastest first as measured on the H200
+/// in one run (docs/benchmarks/2026-12-02-bench-fwd-bwd.md, bf16): cuDNN,
+/// then FlashAttention-2, then our generated kernels (0.74-1.02x FA2 forward,
+/// 0.26-0.75x backward there). Ours take what the others decline (softcap,
+/// sliding windows, bottom-right causal with seqlen_q != seqlen_k,
+/// deterministic backward, ...) and everything where no front end registers
+/// direct backends (Rust callers, the C ABI). Revisit with each new figure.
 pub const DEFAULT_RANKING: &[(Direction, &[&str])] = &[
-    (Direction::Fwd, &[GENERATED, TORCH_FLASH, TORCH_CUDNN]),
-    (Direction::Bwd, &[GENERATED, TORCH_FLASH, TORCH_CUDNN]),
+    (Direction::Fwd, &[TORCH_CUDNN, TORCH_FLASH, GENERATED]),
+    (Direction::Bwd, &[TORCH_CUDNN, TORCH_FLASH, GENERATED]),
 ];
 
 type Backends = Vec<Arc<dyn Backend>>;

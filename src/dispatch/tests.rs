@@ -37,27 +37,29 @@ fn order(dd: &DirDecision) -> Vec<&'static str> {
 }
 
 #[test]
-fn default_ranking_prefers_generated_in_both_directions() {
+fn default_ranking_follows_measured_speed() {
+    // On a plain problem every backend is eligible; the measured order
+    // (cuDNN, FA2, ours) decides in both directions.
     let d = torch(Policy::auto());
-    let dec = d
-        .decide_problem(&dense(128).with_mask(Mask::CausalBottomRight).with_grad())
-        .unwrap();
-    let f = dec.fwd.chosen().unwrap();
-    assert_eq!(f.name(), "generated");
-    assert_eq!(f.spec().unwrap().to_string(), "fwd.bf16.d128.causal-br.dense.sm90a");
-    assert_eq!(order(&dec.fwd), ["generated", "torch-flash", "torch-cudnn"]);
+    let p = dense(128).with_mask(Mask::CausalBottomRight).with_grad();
+    let dec = d.decide_problem(&p).unwrap();
+    assert_eq!(dec.fwd.chosen().unwrap().name(), "torch-cudnn");
+    assert_eq!(order(&dec.fwd), ["torch-cudnn", "torch-flash", "generated"]);
     assert_eq!(dec.fwd.ranked[1].verdict, Verdict::Eligible);
-    let b = dec.bwd.chosen().unwrap();
-    assert_eq!(b.name(), "generated");
-    assert_eq!(b.spec().unwrap().to_string(), "bwd.bf16.d128.causal-br.dense.sm90a");
-    assert_eq!(order(&dec.bwd), ["generated", "torch-flash", "torch-cudnn"]);
-    assert_eq!(dec.bwd.ranked[1].verdict, Verdict::Eligible);
+    assert_eq!(dec.fwd.ranked[2].verdict, Verdict::Eligible);
+    assert_eq!(dec.bwd.chosen().unwrap().name(), "torch-cudnn");
+    assert_eq!(order(&dec.bwd), ["torch-cudnn", "torch-flash", "generated"]);
     assert_eq!(dec.bwd.ranked[2].verdict, Verdict::Eligible);
-    // A backward policy still routes it to torch.
-    d.set_policy(Policy::auto().with_bwd("torch-flash"));
-    let dec = d
-        .decide_problem(&dense(128).with_mask(Mask::CausalBottomRight).with_grad())
-        .unwrap();
+    // A policy picks ours, per direction, with the spec it would run.
+    d.set_policy(Policy::auto().with_fwd("generated").with_bwd("generated"));
+    let dec = d.decide_problem(&p).unwrap();
+    let f = dec.fwd.chosen().unwrap();
+    assert_eq!(f.spec().unwrap().to_string(), "fwd.bf16.d128.causal-br.dense.sm90a");
+    let b = dec.bwd.chosen().unwrap();
+    assert_eq!(b.spec().unwrap().to_string(), "bwd.bf16.d128.causal-br.dense.sm90a");
+    // Mixed: ours forward, torch's backward.
+    d.set_policy(Policy::auto().with_fwd("generated").with_bwd("torch-flash"));
+    let dec = d.decide_problem(&p).unwrap();
     assert_eq!(dec.fwd.chosen().unwrap().name(), "generated");
     assert_eq!(dec.bwd.chosen().unwrap().name(), "torch-flash");
 }
@@ -203,8 +205,12 @@ fn deterministic_backward_skips_cudnn() {
         rejected_reason(&dec.bwd, "torch-cudnn"),
         "deterministic backward unsupported"
     );
-    // By default the generated backward takes it, with its deterministic kernel.
+    // By default FA2's deterministic backward takes it (cuDNN declines);
+    // ours runs its deterministic kernel when asked.
     d.set_policy(Policy::auto());
+    let dec = d.decide_problem(&dense(128).with_grad().with_deterministic()).unwrap();
+    assert_eq!(dec.bwd.chosen().unwrap().name(), "torch-flash");
+    d.set_policy(Policy::auto().with_fwd("generated").with_bwd("generated"));
     let dec = d.decide_problem(&dense(128).with_grad().with_deterministic()).unwrap();
     let b = dec.bwd.chosen().unwrap();
     assert_eq!(b.name(), "generated");
@@ -216,18 +222,18 @@ fn deterministic_backward_skips_cudnn() {
 }
 
 #[test]
-fn softcap_and_non_square_top_left_stay_on_generated_only() {
+fn softcap_stays_on_generated_and_non_square_top_left_skips_flash() {
     let d = torch(Policy::auto());
     let mut p = dense(128).with_mask(Mask::CausalTopLeft).with_grad();
     p.seqlen_q = 100;
     let dec = d.decide_problem(&p).unwrap();
-    assert_eq!(dec.fwd.chosen().unwrap().name(), "generated");
+    // cuDNN's causal is top-left, so it takes both directions; flash declines.
+    assert_eq!(dec.fwd.chosen().unwrap().name(), "torch-cudnn");
     assert!(rejected_reason(&dec.bwd, "torch-flash").contains("top-left"));
-    // The generated backward takes it; among torch's, cuDNN's causal is top-left.
-    assert_eq!(dec.bwd.chosen().unwrap().name(), "generated");
-    d.set_policy(Policy::auto().with_bwd("torch-flash,torch-cudnn"));
-    let dec = d.decide_problem(&p).unwrap();
     assert_eq!(dec.bwd.chosen().unwrap().name(), "torch-cudnn");
+    d.set_policy(Policy::auto().with_bwd("torch-flash,generated"));
+    let dec = d.decide_problem(&p).unwrap();
+    assert_eq!(dec.bwd.chosen().unwrap().name(), "generated");
     d.set_policy(Policy::auto());
     let dec = d.decide_problem(&dense(128).with_softcap(30.0).with_grad()).unwrap();
     assert_eq!(dec.fwd.chosen().unwrap().name(), "generated");
@@ -247,17 +253,13 @@ fn decisions_are_memoized_per_key_and_logged_once() {
     let first = d.decide_problem(&a).unwrap();
     let second = d.decide_problem(&b).unwrap();
     assert!(Arc::ptr_eq(&first, &second));
-    d.decide_problem(&a.with_attn_mask()).unwrap();
-    d.decide_problem(&a.with_attn_mask()).unwrap();
+    d.decide_problem(&a.with_dropout(0.1)).unwrap();
+    d.decide_problem(&a.with_dropout(0.1)).unwrap();
     let log = d.captured_log();
     assert_eq!(log.len(), 2, "{log:#?}");
+    assert!(log[0].contains("fwd=torch-cudnn | bwd=torch-cudnn"), "{}", log[0]);
     assert!(
-        log[0].contains("fwd=generated (fwd.bf16.d128.none.dense.sm90a)"),
-        "{}",
-        log[0]
-    );
-    assert!(
-        log[1].contains("fwd=torch-cudnn [generated: arbitrary attn_mask unsupported"),
+        log[1].contains("fwd=torch-flash [torch-cudnn: dropout unsupported"),
         "{}",
         log[1]
     );
@@ -301,7 +303,7 @@ fn generated_forward_context_feeds_either_backward() {
         .with_mask(Mask::CausalTopLeft)
         .with_thd_equal_seqlens(true)
         .with_grad();
-    let d = torch(Policy::auto());
+    let d = torch(Policy::auto().with_fwd("generated").with_bwd("generated"));
     let dec = d.decide_problem(&p).unwrap();
     assert_eq!(dec.fwd.chosen().unwrap().name(), "generated");
     assert_eq!(dec.bwd.chosen().unwrap().name(), "generated");
@@ -344,8 +346,9 @@ fn generated_forward_context_feeds_either_backward() {
 
     // A torch whose varlen flash reads a padded [B, H, max_seqlen_q] LSE.
     let old = torch_with_padded_flash();
+    old.set_policy(Policy::auto().with_bwd("generated"));
     let (chosen, conv) = old.bwd_route(&ctx).unwrap();
-    assert_eq!(chosen.name(), "generated", "ours first: packed, nothing to convert");
+    assert_eq!(chosen.name(), "generated", "ours: packed, nothing to convert");
     assert!(conv.is_identity());
     old.set_policy(Policy::auto().with_bwd("torch-flash"));
     let (_, conv) = old.bwd_route(&ctx).unwrap();
@@ -430,7 +433,7 @@ fn a_native_backend_slots_in_after_the_ranking_table() {
     let dec = d.decide_problem(&p).unwrap();
     assert_eq!(
         order(&dec.fwd),
-        ["generated", "torch-flash", "torch-cudnn", "cudnn-graph"]
+        ["torch-cudnn", "torch-flash", "generated", "cudnn-graph"]
     );
     d.set_policy(Policy::auto().with_fwd("cudnn-graph"));
     let t = TensorArg::bshd(0x1000, 2048, 16, 128);
@@ -446,23 +449,23 @@ fn explain_lists_every_candidate_with_its_reason() {
     let text = d.explain(&p).unwrap();
     for want in [
         "forward   -> torch-flash",
-        "1. generated    rejected: dropout unsupported",
+        "1. torch-cudnn  rejected: ragged THD layout unsupported",
         "2. torch-flash  chosen",
-        "3. torch-cudnn  rejected: ragged THD layout unsupported",
+        "3. generated    rejected: dropout unsupported",
         "backward  -> torch-flash",
         "(not needed: requires_grad is off)",
         "context   LSE packed [H, total_q], consumed as is",
     ] {
         assert!(text.contains(want), "missing {want:?} in\n{text}");
     }
-    let text = d.explain(&dense(64).with_grad()).unwrap();
-    assert!(text.contains("spec fwd.bf16.d64.none.dense.sm90a"), "{text}");
+    let text = d.explain(&dense(64).with_softcap(10.0).with_grad()).unwrap();
+    assert!(text.contains("spec fwd.bf16.d64.none.dense.softcap.sm90a"), "{text}");
     assert!(text.contains("[template fwd_sm80.cu"), "{text}");
 }
 
 #[test]
 fn generated_backward_runs_through_the_dispatcher_after_any_dense_forward() {
-    let d = torch(Policy::auto());
+    let d = torch(Policy::auto().with_bwd("generated"));
     let p = dense(64).with_mask(Mask::CausalBottomRight).with_grad();
     let t = TensorArg::bshd(0x10000, 2048, 16, 64);
     let gen = d.backend("generated").unwrap();
