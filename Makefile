@@ -64,8 +64,10 @@ sweep: nvrtc
 	ATTNFORGE_REQUIRE_NVRTC=1 $(CARGO) test --release -p attnforge-codegen-tests --test sweep -- --nocapture
 
 # Build the GPU test and bench binaries here; they travel in .gpu/ to the GPU machine.
-gpu-bundle:
+gpu-bundle: $(PY_STAMP)
 	mkdir -p .gpu
+	rm -f .gpu/attnforge-*.whl
+	$(PY) -m pip wheel --disable-pip-version-check --no-deps -q -w .gpu ./python
 	$(CARGO) build --release --example gpu_bench
 	cp target/release/examples/gpu_bench .gpu/gpu_bench
 	f=$$($(CARGO) test --release --test gpu_fwd --no-run --message-format=json 2>/dev/null \
