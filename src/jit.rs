@@ -56,6 +56,11 @@ pub fn cache_key(plan: &KernelPlan, rendered: &Rendered, nvrtc_version: &str, op
     kb.finish()
 }
 
+/// The NVRTC "version" of the alias that any version's CUBIN answers: looked
+/// up only on a machine without NVRTC, where nothing can be compiled and a
+/// CUBIN for the plan's arch loads whichever NVRTC built it.
+const ANY_NVRTC: &str = "*";
+
 /// The alias of a cache key: the same inputs minus the rendered source, which
 /// is a pure function of the plan and the templates (both covered here). It
 /// lets a new process find its CUBIN without rendering; the content key
@@ -165,6 +170,12 @@ impl Jit {
             .find_map(|d| std::fs::read_to_string(d.join(&name)).ok()?.trim().parse().ok())
     }
 
+    /// The exact alias and the any-NVRTC one (used only where NVRTC is absent).
+    fn write_aliases(&self, plan: &KernelPlan, alias: &CacheKey, options: &[String], key: &CacheKey) {
+        self.write_alias(alias, key);
+        self.write_alias(&alias_key(plan, ANY_NVRTC, options), key);
+    }
+
     /// Best effort: a missing alias only costs a render on the next new process.
     fn write_alias(&self, alias: &CacheKey, key: &CacheKey) {
         let Some(root) = self.cache.user_root() else { return };
@@ -266,7 +277,20 @@ impl Jit {
     fn build_uncached(&self, spec: &AttnSpec) -> Result<BuildReport, Error> {
         let plan = plan(spec)?;
         let options = compile_options(&plan);
-        let nvrtc_version = self.nvrtc_version()?;
+        let nvrtc_version = match self.nvrtc_version() {
+            Ok(v) => v,
+            Err(e) => {
+                // No NVRTC here (a machine that only runs prebuilt kernels): a
+                // CUBIN for this plan built by any NVRTC version will do.
+                let any = alias_key(&plan, ANY_NVRTC, &options);
+                if let Some(key) = self.read_alias(&any) {
+                    if let Lookup::Hit { cubin, meta, .. } = self.cache.get(&key) {
+                        return Ok(BuildReport::new(spec, plan, key, cubin, meta, Origin::Disk, None));
+                    }
+                }
+                return Err(e);
+            }
+        };
         // Fast path of a new process: the alias names the content key without
         // rendering (tera's first render costs ~4 ms).
         let alias = alias_key(&plan, &nvrtc_version, &options);
@@ -280,7 +304,7 @@ impl Jit {
         let mut repaired = None;
         match self.cache.get(&key) {
             Lookup::Hit { cubin, meta, .. } => {
-                self.write_alias(&alias, &key);
+                self.write_aliases(&plan, &alias, &options, &key);
                 return Ok(BuildReport::new(spec, plan, key, cubin, meta, Origin::Disk, None));
             }
             Lookup::Corrupt { path, reason } => {
@@ -292,7 +316,7 @@ impl Jit {
         }
         let (cubin, meta) = compile_plan(&plan, &rendered, Nvrtc::get()?)?;
         self.cache.put(&key, &cubin, &meta)?;
-        self.write_alias(&alias, &key);
+        self.write_aliases(&plan, &alias, &options, &key);
         Ok(BuildReport::new(
             spec,
             plan,

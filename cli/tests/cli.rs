@@ -274,3 +274,32 @@ fn unwritable_cache_dir_degrades_to_memory_with_one_warning() {
     assert_eq!(warnings, 1, "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("<memory>"));
 }
+
+#[test]
+fn a_prebuilt_root_serves_kernels_where_nvrtc_is_missing() {
+    if !nvrtc_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("m.toml");
+    std::fs::write(&m, SMALL_MATRIX).unwrap();
+    let shipped = tmp.path().join("shipped");
+    assert!(prebuild(&shipped, &m, &[]).status.success());
+    // A machine without NVRTC: ATTNFORGE_NVRTC is authoritative and points nowhere.
+    let compile = |spec: &str| {
+        run(bin()
+            .args(["compile", spec, "--emit", "cubin", "-o"])
+            .arg(tmp.path().join("k.cubin"))
+            .env("ATTNFORGE_NVRTC", tmp.path().join("no-such-libnvrtc.so.13"))
+            .env("ATTNFORGE_CACHE_PATH", &shipped)
+            .env("ATTNFORGE_CACHE_DIR", tmp.path().join("user")))
+    };
+    let out = compile("fwd.f16.d64.causal-br.dense.sm80");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("Disk"), "{}", text(&out.stderr));
+    let cubin = std::fs::read(tmp.path().join("k.cubin")).unwrap();
+    assert_eq!(&cubin[..4], b"\x7fELF");
+    // A spec that was not prebuilt still needs NVRTC, and says so.
+    let out = compile("fwd.f16.d128.causal-br.dense.sm80");
+    assert_clean_failure(&out, "NVRTC");
+}
