@@ -162,8 +162,12 @@ fn held_by_sled(index_dir: &std::path::Path) -> bool {
     }
 }
 
+/// Retries of a sled open that finds sled's lock held (see `with_index_opts`).
+const OPEN_RETRIES: u32 = 5;
+
 /// Opens the index of `layout`, runs `f`, flushes and closes it. Returns
-/// `Err(reason)` if the index was skipped; never blocks on other processes.
+/// `Err(reason)` if the index was skipped; never waits on other processes
+/// beyond a short retry (150 ms at most) while sled lets go of its lock.
 /// Must only be called for writable roots (it creates files).
 pub(crate) fn with_index<R>(layout: &Layout, f: impl FnOnce(&Index) -> sled::Result<R>) -> Result<R, String> {
     with_index_opts(layout, false, f)
@@ -203,17 +207,28 @@ pub(crate) fn with_index_opts<R>(
                 .flush_every_ms(None)
                 .open()
         };
-        let db = match open() {
-            Ok(db) => db,
-            Err(e) if reset_if_corrupt && !held_by_sled(&path) => {
-                crate::debug_log(format_args!(
-                    "index {} cannot be opened ({e}); recreating it",
-                    path.display()
-                ));
-                std::fs::remove_dir_all(&path).map_err(sled::Error::Io)?;
-                open()?
+        // sled lets go of its file lock from a background thread after the
+        // last handle drops, so an open right after a close (this process's
+        // previous index operation) can find it still held: retry briefly,
+        // OPEN_RETRIES times with a growing pause (150 ms at most in all).
+        let mut attempt = 0;
+        let db = loop {
+            match open() {
+                Ok(db) => break db,
+                Err(e) if reset_if_corrupt && !held_by_sled(&path) => {
+                    crate::debug_log(format_args!(
+                        "index {} cannot be opened ({e}); recreating it",
+                        path.display()
+                    ));
+                    std::fs::remove_dir_all(&path).map_err(sled::Error::Io)?;
+                    break open()?;
+                }
+                Err(_) if attempt < OPEN_RETRIES && held_by_sled(&path) => {
+                    attempt += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(10 * attempt as u64));
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         };
         let index = Index {
             spec: db.open_tree(SPEC_TREE)?,
