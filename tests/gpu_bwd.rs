@@ -566,22 +566,7 @@ fn main() {
 }
 
 fn gpu_backward_matches_f64_reference() {
-    if !launch::driver_available() {
-        println!(
-            "gpu_bwd: skipped: no CUDA driver on this machine (the GPU suite runs on the H200 via `make gpu-test`)"
-        );
-        return;
-    }
-    if let Err(e) = launch::ensure_context(0) {
-        println!("gpu_bwd: skipped: no usable CUDA device ({e})");
-        return;
-    }
-    let cc = launch::current_compute_capability().expect("compute capability");
-    let Some(device_arch) = attnforge::Arch::from_compute_capability(cc.0, cc.1) else {
-        println!(
-            "gpu_bwd: skipped: compute capability {}.{} is not an attnforge target",
-            cc.0, cc.1
-        );
+    let Some((cc, device_arch)) = common::gpu_or_skip("gpu_bwd") else {
         return;
     };
     let seed = common::seed();

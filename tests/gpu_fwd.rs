@@ -396,33 +396,10 @@ fn main() {
 }
 
 fn gpu_forward_matches_f64_reference() {
-    if !launch::driver_available() {
-        println!(
-            "gpu_fwd: skipped: no CUDA driver on this machine (the GPU suite runs on the H200 via `make gpu-test`)"
-        );
-        return;
-    }
-    if let Err(e) = launch::ensure_context(0) {
-        println!("gpu_fwd: skipped: no usable CUDA device ({e})");
-        return;
-    }
-    let cc = launch::current_compute_capability().expect("compute capability");
-    let Some(device_arch) = attnforge::Arch::from_compute_capability(cc.0, cc.1) else {
-        println!(
-            "skipped: compute capability {}.{} is not an attnforge target",
-            cc.0, cc.1
-        );
+    let Some((cc, device_arch)) = common::gpu_or_skip("gpu_fwd") else {
         return;
     };
-    let seed: u64 = std::env::var("ATTNFORGE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
+    let seed = common::seed();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let only = std::env::var("ATTNFORGE_GPU_CASES").ok();
     let mut table = String::new();

@@ -73,6 +73,32 @@ pub fn off(t: &TensorArg, b: usize, s: usize, h: usize, c: usize) -> usize {
     (t.stride_batch * b as i64 + t.stride_seq * s as i64 + t.stride_head * h as i64) as usize + c
 }
 
+/// The device a GPU suite runs on: compute capability and attnforge arch, or
+/// `None` after printing `<suite>: skipped: <why>` (no driver, no usable
+/// device, an arch we do not target), so CI logs say why nothing ran.
+pub fn gpu_or_skip(suite: &str) -> Option<((i32, i32), attnforge::Arch)> {
+    use attnforge::launch;
+    if !launch::driver_available() {
+        println!(
+            "{suite}: skipped: no CUDA driver on this machine (the GPU suite runs on the H200 via `make gpu-test`)"
+        );
+        return None;
+    }
+    if let Err(e) = launch::ensure_context(0) {
+        println!("{suite}: skipped: no usable CUDA device ({e})");
+        return None;
+    }
+    let cc = launch::current_compute_capability().expect("compute capability");
+    let Some(arch) = attnforge::Arch::from_compute_capability(cc.0, cc.1) else {
+        println!(
+            "{suite}: skipped: compute capability {}.{} is not an attnforge target",
+            cc.0, cc.1
+        );
+        return None;
+    };
+    Some((cc, arch))
+}
+
 /// The seed of this run: `ATTNFORGE_SEED`, else the clock.
 pub fn seed() -> u64 {
     std::env::var("ATTNFORGE_SEED")
