@@ -71,6 +71,27 @@ fn time_ms(mut f: impl FnMut(), iters: usize, reps: usize) -> f64 {
     v[v.len() / 2]
 }
 
+/// Forward arguments of a dense self-attention problem in contiguous BHSD.
+fn bhsd_args(qkvo: [u64; 4], lse: u64, b: usize, h: usize, s: usize, d: usize) -> FwdArgs {
+    let t = |p| TensorArg::bhsd(p, s as i64, h as i64, d as i64);
+    FwdArgs {
+        q: t(qkvo[0]),
+        k: t(qkvo[1]),
+        v: t(qkvo[2]),
+        o: t(qkvo[3]),
+        lse,
+        problem: FwdProblem {
+            batch: b as u32,
+            heads_q: h as u32,
+            heads_kv: h as u32,
+            seqlen_q: s as u32,
+            seqlen_k: s as u32,
+            window: (-1, -1),
+            ..Default::default()
+        },
+    }
+}
+
 /// Build a kernel for `spec` with an explicit tile shape (tuning), or None when it spills.
 fn build_variant(spec: &AttnSpec, tiles: attnforge::plan::FwdTiles) -> Option<attnforge::CompiledKernel> {
     use attnforge::compile::Nvrtc;
@@ -118,7 +139,6 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
         let (q, kk, v) = (Dev::random(n, rng), Dev::random(n, rng), Dev::random(n, rng));
         let o = Dev::zeroed(n * 2);
         let lse = Dev::zeroed(b * h * s * 4);
-        let ta = |p| TensorArg::bhsd(p, s as i64, h as i64, d as i64);
         for causal in [false, true] {
             let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
             let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, arch);
@@ -127,22 +147,7 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
                     continue;
                 };
                 let lk = launch::load(&k).expect("load");
-                let fa = FwdArgs {
-                    q: ta(q.0),
-                    k: ta(kk.0),
-                    v: ta(v.0),
-                    o: ta(o.0),
-                    lse: lse.0,
-                    problem: FwdProblem {
-                        batch: b as u32,
-                        heads_q: h as u32,
-                        heads_kv: h as u32,
-                        seqlen_q: s as u32,
-                        seqlen_k: s as u32,
-                        window: (-1, -1),
-                        ..Default::default()
-                    },
-                };
+                let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
                 // SAFETY: buffers sized for the problem.
                 let ms = time_ms(
                     || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") },
@@ -207,22 +212,7 @@ fn main() {
                 let o = Dev::zeroed(n * 2);
                 let lse = Dev::zeroed(b * h * s * 4);
                 let t = |p| TensorArg::bhsd(p, s as i64, h as i64, d as i64);
-                let fa = FwdArgs {
-                    q: t(q.0),
-                    k: t(kk.0),
-                    v: t(v.0),
-                    o: t(o.0),
-                    lse: lse.0,
-                    problem: FwdProblem {
-                        batch: b as u32,
-                        heads_q: h as u32,
-                        heads_kv: h as u32,
-                        seqlen_q: s as u32,
-                        seqlen_k: s as u32,
-                        window: (-1, -1),
-                        ..Default::default()
-                    },
-                };
+                let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
                 // SAFETY: buffers sized for the problem.
                 let ms = time_ms(
                     || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") },
