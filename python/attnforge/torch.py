@@ -353,7 +353,7 @@ def route(
         "thd" if thd else "dense",
         mask,
         dqk,
-        int(head_dim_v if head_dim_v is not None else dqk),
+        dqk if head_dim_v is None else _static_head_dim(head_dim_v),
         gqa,
         bool(square),
         # Float arguments (and defaults) are symbolic too under dynamic shapes.

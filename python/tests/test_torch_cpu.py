@@ -343,7 +343,8 @@ def test_route_is_constant_under_compile_with_fake_cuda(monkeypatch):
     seen = []
 
     def f(q, k):
-        fwd, bwd, _, _ = at.route(q, k, mask="causal-br", softcap=30.0, requires_grad=True)
+        # head_dim_v as the front ends pass it: a size of v, symbolic under dynamic shapes.
+        fwd, bwd, _, _ = at.route(q, k, mask="causal-br", softcap=30.0, requires_grad=True, head_dim_v=q.shape[-1])
         seen.append((fwd, bwd))
         return q * 2 if fwd == "generated" else q
 
