@@ -118,6 +118,26 @@ fn build_variant(spec: &AttnSpec, tiles: attnforge::plan::FwdTiles) -> Option<at
     })
 }
 
+/// TFLOP/s of the sm80 instruction path on `fa` when the planner chose
+/// another template for `spec` (the wgmma forward on sm90a), else None.
+fn time_sm80_path(spec: &AttnSpec, planned: &attnforge::CompiledKernel, fa: &FwdArgs, flops: f64) -> Option<f64> {
+    use attnforge::plan::{default_fwd_tiles, Template};
+    if planned.plan.template == Template::FwdSm80 {
+        return None;
+    }
+    let k = build_variant(spec, default_fwd_tiles(spec))?;
+    let lk = launch::load(&k).ok()?;
+    // SAFETY: the caller's buffers are sized for the problem in `fa`.
+    let ms = time_ms(
+        || unsafe { launch::launch_fwd(&lk, fa, std::ptr::null_mut()).expect("launch") },
+        10,
+        7,
+    );
+    let tf = flops / ms / 1e9;
+    println!("{spec:<40} sm80 path {ms:8.3} ms {tf:7.1} TFLOP/s");
+    Some(tf)
+}
+
 /// Time tile-shape variants per head dim at seqlen 8k (tuning; `--tune`).
 fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
     use attnforge::plan::FwdTiles;
@@ -225,7 +245,12 @@ fn main() {
                 let mut row = serde_json::json!({
                     "impl": "attnforge", "spec": spec.to_string(), "b": b, "h": h, "s": s, "d": d,
                     "causal": causal, "fwd_ms": ms, "fwd_tflops": tf, "registers": k.meta.registers,
+                    "template": k.plan.template.file(),
                 });
+                // The sm80 instruction path on the same problem, where the planner chose another template.
+                if let Some(tf80) = time_sm80_path(&spec, &k, &fa, flops) {
+                    row["fwd_sm80_tflops"] = tf80.into();
+                }
                 // Backward of the same problem (fast mode), after a forward for O and LSE.
                 let bspec = AttnSpec {
                     direction: attnforge::Direction::Bwd,
@@ -317,6 +342,7 @@ fn main() {
                     cu_seqlens_q: Some(cu_d.0),
                     cu_seqlens_k: Some(cu_d.0),
                     total_q: total as u32,
+                    total_k: total as u32,
                     window: (-1, -1),
                     ..Default::default()
                 },
@@ -336,10 +362,15 @@ fn main() {
                 "{spec:<40} ragged {} seqs, {total} tokens {ms:8.3} ms {tf:7.1} TFLOP/s",
                 lens.len()
             );
-            rows.push(serde_json::json!({
+            let mut row = serde_json::json!({
                 "impl": "attnforge", "spec": spec.to_string(), "ragged_lens": lens, "h": h, "d": d,
                 "causal": causal, "fwd_ms": ms, "fwd_tflops": tf, "registers": k.meta.registers,
-            }));
+                "template": k.plan.template.file(),
+            });
+            if let Some(tf80) = time_sm80_path(&spec, &k, &fa, 4.0 * pairs * (h * d) as f64) {
+                row["fwd_sm80_tflops"] = tf80.into();
+            }
+            rows.push(row);
         }
     }
     // SAFETY: final sync; any asynchronous launch failure shows here.

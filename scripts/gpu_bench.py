@@ -107,16 +107,20 @@ def main():
 
     lines = [f"Forward, bf16, {meta['device']}, torch {meta['torch']}, cuDNN {meta['cudnn']}, measured {started}.",
              "TFLOP/s = 4·b·h·s²·d / time (halved when causal); ratio = ours / peer, same run.", "",
-             "| d | seqlen | batch x heads | causal | attnforge | torch-flash (FA2) | torch-cudnn | vs FA2 | vs cuDNN |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "attnforge = the planner's kernel (template in the last column); sm80 path = the mma.sync template on the same problem.", "",
+             "| d | seqlen | batch x heads | causal | attnforge | torch-flash (FA2) | torch-cudnn | vs FA2 | vs cuDNN "
+             "| sm80 path | sm80 path vs FA2 | template |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in ours:
         fa, cd = find("torch-flash", r), find("torch-cudnn", r)
         shape = f"ragged {len(r['ragged_lens'])} seqs" if "ragged_lens" in r else f"{r['s']}"
         bh = f"x {r['h']}" if "ragged_lens" in r else f"{r['b']} x {r['h']}"
         fmt = lambda x: f"{x:.0f}" if x else "n/a"
-        ratio = lambda x: f"{r['fwd_tflops'] / x:.2f}x" if x else "n/a"
+        ratio = lambda x, y=r["fwd_tflops"]: f"{y / x:.2f}x" if x and y else "n/a"
+        s80 = r.get("fwd_sm80_tflops")
         lines.append(f"| {r['d']} | {shape} | {bh} | {'yes' if r['causal'] else 'no'} | {r['fwd_tflops']:.0f} | "
-                     f"{fmt(fa)} | {fmt(cd)} | {ratio(fa)} | {ratio(cd)} |")
+                     f"{fmt(fa)} | {fmt(cd)} | {ratio(fa)} | {ratio(cd)} | {fmt(s80)} | {ratio(fa, s80)} | "
+                     f"{r.get('template', '')} |")
     lines += ["", f"Backward (dQ, dK, dV; FLOPs = 2.5 x forward), same run. attnforge: fast mode, including its preprocess and dQ convert kernels.", "",
               "| d | seqlen | batch x heads | causal | attnforge | torch-flash (FA2) | torch-cudnn | vs FA2 | vs cuDNN |",
               "|---|---|---|---|---|---|---|---|---|"]

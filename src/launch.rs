@@ -23,7 +23,7 @@ use cudarc::driver::{result, sys};
 use thiserror::Error;
 
 use crate::jit::CompiledKernel;
-use crate::plan::KernelPlan;
+use crate::plan::{KernelPlan, Template};
 use crate::spec::{Arch, AttnSpec, Direction, Layout, Mask};
 
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -105,6 +105,10 @@ pub struct FwdProblem {
     pub cu_seqlens_q: Option<u64>,
     pub cu_seqlens_k: Option<u64>,
     pub total_q: u32,
+    /// THD only: total key tokens (rows of K and V). The sm90a forward needs
+    /// it (its TMA descriptors bound the reads); 0 = unknown, which the other
+    /// kernels accept.
+    pub total_k: u32,
     /// Softmax scale; `None` = 1/sqrt(head_dim_qk).
     pub scale: Option<f32>,
     /// Softcap value (> 0) for softcap specs; must be 0 otherwise.
@@ -194,6 +198,12 @@ pub fn check_fwd(plan: &KernelPlan, a: &FwdArgs) -> Result<Option<(FwdParams, La
         return Err(invalid("lse", "LSE pointer must be non-null and 4-byte aligned"));
     }
 
+    if spec.layout == Layout::Thd && plan.template == Template::FwdSm90a && p.total_k == 0 && p.seqlen_k > 0 {
+        return Err(invalid(
+            "total_k",
+            "the sm90a forward bounds its K/V reads by total_k: give the number of key tokens of the ragged batch",
+        ));
+    }
     let batch = p.batch;
     if batch == 0 || p.seqlen_q == 0 {
         return Ok(None);
@@ -559,9 +569,128 @@ pub unsafe fn launch_fwd(k: &LoadedKernel, args: &FwdArgs, stream: sys::CUstream
     let Some((mut params, dims)) = check_fwd(&k.plan, args)? else {
         return Ok(());
     };
+    if k.plan.template == Template::FwdSm90a {
+        let [mut tq, mut tk, mut tv] = fwd_tensor_maps(&k.plan, args)?;
+        let mut kp: [*mut c_void; 4] = [
+            &mut params as *mut FwdParams as *mut c_void,
+            &mut tq as *mut sys::CUtensorMap as *mut c_void,
+            &mut tk as *mut sys::CUtensorMap as *mut c_void,
+            &mut tv as *mut sys::CUtensorMap as *mut c_void,
+        ];
+        return result::launch_kernel(k.func, dims.grid, dims.block, dims.smem, stream, &mut kp)
+            .map_err(driver_err("cuLaunchKernel"));
+    }
     let mut kp: [*mut c_void; 1] = [&mut params as *mut FwdParams as *mut c_void];
     result::launch_kernel(k.func, dims.grid, dims.block, dims.smem, stream, &mut kp)
         .map_err(driver_err("cuLaunchKernel"))
+}
+
+/// The shape of one TMA descriptor of the sm90a forward: a 4-D tiled view
+/// (head-dim column, row, head, batch) of a tensor, strides in bytes, read
+/// in boxes of 64 columns (128 bytes, the swizzle width) by `box_rows`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TmaView {
+    pub ptr: u64,
+    pub dims: [u64; 4],
+    pub strides: [u64; 3],
+    pub box_rows: u32,
+}
+
+/// The Q, K, V views of a checked sm90a forward call. Dense tensors are
+/// `(d, seqlen, heads, batch)`; THD tensors `(d, total tokens, heads, 1)`:
+/// TMA zero-fills what lies past each tensor's last row or column, so a
+/// tile never reads outside the caller's allocation. Dimensions of size 1
+/// get a nominal stride (the coordinate there is always 0); a stride of 0
+/// on a longer dimension (a broadcast view) cannot be described and is
+/// refused.
+pub fn fwd_tma_views(plan: &KernelPlan, a: &FwdArgs) -> Result<[TmaView; 3], LaunchError> {
+    let spec = &plan.spec;
+    let p = &a.problem;
+    let thd = spec.layout == Layout::Thd;
+    let view = |name: &'static str, t: &TensorArg, d: u16, rows: u32, heads: u32, box_rows: u32| {
+        let dims = [
+            d as u64,
+            rows.max(1) as u64,
+            heads as u64,
+            if thd { 1 } else { p.batch as u64 },
+        ];
+        let elems = [t.stride_seq, t.stride_head, if thd { 0 } else { t.stride_batch }];
+        let mut strides = [0u64; 3];
+        for i in 0..3 {
+            let bytes = elems[i] as u64 * 2;
+            strides[i] = if dims[i + 1] == 1 {
+                if bytes == 0 {
+                    16
+                } else {
+                    bytes
+                }
+            } else if bytes == 0 {
+                return Err(invalid(
+                    name,
+                    "a stride of 0 over more than one row/head/batch (a broadcast view) cannot be read by the sm90a \
+                     forward's TMA; pass a materialized tensor",
+                ));
+            } else {
+                bytes
+            };
+            if strides[i] >= 1 << 40 {
+                return Err(invalid(name, "strides must be below 2^40 bytes for TMA"));
+            }
+        }
+        Ok(TmaView {
+            ptr: t.ptr,
+            dims,
+            strides,
+            box_rows,
+        })
+    };
+    let (rows_q, rows_k) = if thd {
+        (p.total_q, p.total_k)
+    } else {
+        (p.seqlen_q, p.seqlen_k)
+    };
+    Ok([
+        view("q", &a.q, spec.head_dim_qk, rows_q, p.heads_q, plan.block_m)?,
+        view("k", &a.k, spec.head_dim_qk, rows_k, p.heads_kv, plan.block_n)?,
+        view("v", &a.v, spec.head_dim_v, rows_k, p.heads_kv, plan.block_n)?,
+    ])
+}
+
+/// Encode the sm90a forward's descriptors with the driver (`cuTensorMapEncodeTiled`).
+fn fwd_tensor_maps(plan: &KernelPlan, a: &FwdArgs) -> Result<[sys::CUtensorMap; 3], LaunchError> {
+    let dtype = match plan.spec.dtype {
+        crate::spec::DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        crate::spec::DType::Bf16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+    };
+    let views = fwd_tma_views(plan, a)?;
+    let mut maps = [sys::CUtensorMap { opaque: [0; 16] }; 3];
+    for (map, v) in maps.iter_mut().zip(views.iter()) {
+        let boxes: [u32; 4] = [64, v.box_rows, 1, 1];
+        let unit: [u32; 4] = [1; 4];
+        // SAFETY: pure host-side encoding into `map`; the arrays outlive the call.
+        unsafe {
+            sys::cuTensorMapEncodeTiled(
+                map,
+                dtype,
+                4,
+                v.ptr as *mut c_void,
+                v.dims.as_ptr(),
+                v.strides.as_ptr(),
+                boxes.as_ptr(),
+                unit.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        }
+        .result()
+        .map_err(|e| LaunchError::Driver {
+            call: "cuTensorMapEncodeTiled",
+            code: format!("{e:?} for {v:?}"),
+        })?;
+    }
+    Ok(maps)
 }
 
 #[cfg(test)]
@@ -591,6 +720,66 @@ mod tests {
 
     fn p(mask: Mask, layout: Layout) -> KernelPlan {
         plan(&AttnSpec::fwd(DType::Bf16, 128, mask, layout, Arch::Sm80)).unwrap()
+    }
+
+    #[test]
+    fn sm90a_tma_views_cover_each_tensor_and_refuse_broadcasts() {
+        let pl = plan(&AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Dense, Arch::Sm90a)).unwrap();
+        assert_eq!(pl.template, Template::FwdSm90a);
+        // BSHD: (d, s, h, b) with the head stride below the row stride.
+        let a = dense_args(2, 8, 2, 1000, 700, 128);
+        let [q, k, v] = fwd_tma_views(&pl, &a).unwrap();
+        assert_eq!(q.dims, [128, 1000, 8, 2]);
+        assert_eq!(q.strides, [8 * 128 * 2, 128 * 2, 1000 * 8 * 128 * 2]);
+        assert_eq!((q.box_rows, k.box_rows), (pl.block_m, pl.block_n));
+        assert_eq!((k.dims, v.ptr), ([128, 700, 2, 2], 0x3000));
+        // Size-1 dimensions get a nominal stride; a broadcast over more rows is refused.
+        let mut one = dense_args(1, 1, 1, 64, 64, 128);
+        one.k.stride_batch = 0;
+        one.k.stride_head = 0;
+        assert_eq!(fwd_tma_views(&pl, &one).unwrap()[1].strides[1..], [16, 16]);
+        one.k.stride_seq = 0;
+        assert!(matches!(
+            fwd_tma_views(&pl, &one),
+            Err(LaunchError::InvalidArgument { arg: "k", .. })
+        ));
+        // THD: rows are the token totals; K/V need total_k.
+        let thd = plan(&AttnSpec::fwd(
+            DType::Bf16,
+            64,
+            Mask::CausalBottomRight,
+            Layout::Thd,
+            Arch::Sm90a,
+        ))
+        .unwrap();
+        let mut t = FwdArgs {
+            q: TensorArg::thd(0x1000, 4, 64),
+            k: TensorArg::thd(0x2000, 2, 64),
+            v: TensorArg::thd(0x3000, 2, 64),
+            o: TensorArg::thd(0x4000, 4, 64),
+            lse: 0x5000,
+            problem: FwdProblem {
+                batch: 3,
+                heads_q: 4,
+                heads_kv: 2,
+                seqlen_q: 100,
+                seqlen_k: 90,
+                cu_seqlens_q: Some(0x6000),
+                cu_seqlens_k: Some(0x7000),
+                total_q: 250,
+                total_k: 200,
+                window: (-1, -1),
+                ..Default::default()
+            },
+        };
+        let [q, k, _] = fwd_tma_views(&thd, &t).unwrap();
+        assert_eq!((q.dims, k.dims), ([64, 250, 4, 1], [64, 200, 2, 1]));
+        assert!(check_fwd(&thd, &t).unwrap().is_some());
+        t.problem.total_k = 0;
+        assert!(matches!(
+            check_fwd(&thd, &t),
+            Err(LaunchError::InvalidArgument { arg: "total_k", .. })
+        ));
     }
 
     #[test]

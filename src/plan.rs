@@ -27,6 +27,9 @@ pub enum Template {
     /// FlashAttention-2-style backward on the same instruction path; one
     /// CUBIN with several entry points (see [`plan_bwd`]).
     BwdSm80,
+    /// Hopper forward: TMA into 128-byte-swizzled shared memory, `wgmma`, a
+    /// producer warpgroup and two consumer warpgroups. sm90a only.
+    FwdSm90a,
 }
 
 impl Template {
@@ -35,6 +38,7 @@ impl Template {
         match self {
             Template::FwdSm80 => "fwd_sm80.cu",
             Template::BwdSm80 => "bwd_sm80.cu",
+            Template::FwdSm90a => "fwd_sm90a.cu",
         }
     }
 }
@@ -117,6 +121,7 @@ pub fn plan(spec: &AttnSpec) -> Result<KernelPlan, PlanError> {
         reason: e.to_string(),
     })?;
     match spec.direction {
+        Direction::Fwd if spec.arch == Arch::Sm90a => Ok(plan_fwd_sm90a(spec)),
         Direction::Fwd => Ok(plan_fwd_sm80(spec)),
         Direction::Bwd => plan_bwd::plan_bwd_sm80(spec).ok_or_else(|| PlanError {
             spec: spec.to_string(),
@@ -186,9 +191,6 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
     let pitch_v = dv + 8;
     let dmax = dqk.max(dv);
     let template = Template::FwdSm80;
-    if spec.arch == Arch::Sm90a {
-        reasons.push("sm90a: using the sm80 instruction path (mma.sync); the wgmma template is not written yet".into());
-    }
 
     // Warps own 16-row MMA tiles; a wider block_n amortizes the softmax
     // bookkeeping, a narrower one keeps the S/P registers in bounds.
@@ -231,6 +233,89 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
         smem_pitch_v: pitch_v,
         smem_bytes,
         min_blocks_per_sm,
+        compile_options: Vec::new(),
+        grid: GridRule::BatchHeadsByQueryTiles,
+        reasons,
+        bwd: None,
+    }
+}
+
+/// Consumer warpgroups of the sm90a forward (64 query rows each).
+pub const SM90A_CONSUMERS: u32 = 2;
+/// Registers per thread after `setmaxnreg`: the producer warpgroup gives
+/// registers back, the consumers take them (128·24 + 256·240 ≤ 65536).
+pub const SM90A_PRODUCER_REGS: u32 = 24;
+pub const SM90A_CONSUMER_REGS: u32 = 240;
+
+/// Shared memory of the sm90a forward: Q once, K and V `stages` deep, each as
+/// 64-column (128-byte) swizzled chunks; 1 KB to align the base to the
+/// swizzle period, and the mbarriers.
+fn fwd_sm90a_smem(block_m: u32, block_n: u32, stages: u32, qk_chunks: u32, v_chunks: u32) -> u32 {
+    let tiles = 128 * (block_m * qk_chunks + stages * block_n * (qk_chunks + v_chunks));
+    tiles + 1024 + 8 * (1 + 3 * stages)
+}
+
+/// The Hopper forward plan: wgmma/TMA for every head dim of the family.
+/// Keys per step and ring depth follow the head dims: the consumers hold
+/// S (block_n/2 f32 registers per thread) and O (d_v/2) at once, within
+/// the 240 registers that `setmaxnreg` gives them, and the ring has to fit
+/// the 227 KB of shared memory.
+pub fn plan_fwd_sm90a(spec: &AttnSpec) -> KernelPlan {
+    let mut reasons = Vec::new();
+    let dqk = round_up(spec.head_dim_qk as u32, 16);
+    let dv = round_up(spec.head_dim_v as u32, 16);
+    let (qk_chunks, v_chunks) = (dqk.div_ceil(64), dv.div_ceil(64));
+    let dmax = dqk.max(dv);
+    if dqk != spec.head_dim_qk as u32 || dv != spec.head_dim_v as u32 {
+        reasons.push(format!(
+            "head dims {}/{} padded to {dqk}/{dv} (wgmma k-step 16; TMA zero-fills the columns past the head dim)",
+            spec.head_dim_qk, spec.head_dim_v
+        ));
+    }
+    let block_m = 64 * SM90A_CONSUMERS;
+    let (mut block_n, mut stages) = if dmax <= 64 {
+        (128, 3)
+    } else if dmax <= 128 {
+        (128, 2)
+    } else if dmax <= 192 {
+        (96, 2)
+    } else {
+        (64, 2)
+    };
+    let limit = spec.arch.max_smem_per_block();
+    while fwd_sm90a_smem(block_m, block_n, stages, qk_chunks, v_chunks) > limit {
+        if stages > 2 {
+            stages -= 1;
+        } else {
+            block_n -= 16;
+        }
+    }
+    let smem_bytes = fwd_sm90a_smem(block_m, block_n, stages, qk_chunks, v_chunks);
+    reasons.push(format!(
+        "sm90a: wgmma + TMA, 1 producer warpgroup ({SM90A_PRODUCER_REGS} regs) + {SM90A_CONSUMERS} consumer warpgroups \
+         ({SM90A_CONSUMER_REGS} regs) of 64 query rows -> block_m={block_m}"
+    ));
+    reasons.push(format!(
+        "d={dmax}: block_n={block_n} (S {} + O {} f32 regs/thread), {stages}-stage K/V ring: {smem_bytes} B shared memory (limit {limit} B)",
+        block_n / 2,
+        dv / 2
+    ));
+    KernelPlan {
+        spec: *spec,
+        template: Template::FwdSm90a,
+        entry: entry_name(spec),
+        block_m,
+        block_n,
+        num_warps: 4 * (SM90A_CONSUMERS + 1),
+        m_tiles_per_warp: 1,
+        stages,
+        head_dim_qk_padded: dqk,
+        head_dim_v_padded: dv,
+        // Rows of the swizzled chunks: 64 elements (128 bytes).
+        smem_pitch_qk: 64,
+        smem_pitch_v: 64,
+        smem_bytes,
+        min_blocks_per_sm: 1,
         compile_options: Vec::new(),
         grid: GridRule::BatchHeadsByQueryTiles,
         reasons,
@@ -302,7 +387,19 @@ mod tests {
                 "{spec}: {}",
                 a.smem_bytes
             );
-            assert_eq!(a.block_m, 16 * a.m_tiles_per_warp * a.num_warps);
+            match a.template {
+                Template::FwdSm80 => assert_eq!(a.block_m, 16 * a.m_tiles_per_warp * a.num_warps),
+                Template::FwdSm90a => {
+                    assert_eq!(spec.arch, Arch::Sm90a);
+                    assert_eq!(a.block_m, 64 * (a.num_warps / 4 - 1), "64 rows per consumer warpgroup");
+                    // wgmma N and the register budget of the consumers.
+                    assert!(
+                        a.block_n <= 256 && a.block_n / 2 + a.head_dim_v_padded / 2 <= 200,
+                        "{spec}"
+                    );
+                }
+                Template::BwdSm80 => unreachable!(),
+            }
             assert!(a.head_dim_qk_padded.is_multiple_of(16) && a.head_dim_qk_padded >= spec.head_dim_qk as u32);
             assert!(a.block_n.is_multiple_of(16) && a.block_n >= 16);
             assert!(!a.reasons.is_empty());
@@ -337,5 +434,21 @@ mod tests {
         assert_eq!(p.smem_pitch_qk, 136);
         let thd = plan(&AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Thd, Arch::Sm80)).unwrap();
         assert_eq!((thd.block_m, thd.block_n, thd.num_warps), (64, 64, 4));
+    }
+
+    #[test]
+    fn sm90a_forward_plans_on_the_wgmma_template() {
+        for (d, bn, stages) in [(64, 128, 3), (128, 128, 2), (192, 96, 2), (256, 64, 2)] {
+            let spec = AttnSpec::fwd(DType::Bf16, d, Mask::CausalBottomRight, Layout::Thd, Arch::Sm90a);
+            let p = plan(&spec).unwrap();
+            assert_eq!(p.template, Template::FwdSm90a);
+            assert_eq!(
+                (p.block_m, p.block_n, p.stages, p.threads()),
+                (128, bn, stages, 384),
+                "d{d}"
+            );
+        }
+        let sm80 = plan(&AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Dense, Arch::Sm80)).unwrap();
+        assert_eq!(sm80.template, Template::FwdSm80);
     }
 }

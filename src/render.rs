@@ -20,6 +20,13 @@ use crate::spec::{DType, Layout, Mask};
 pub const TEMPLATES: &[(&str, &str)] = &[
     ("fwd_sm80.cu", include_str!("../templates/fwd_sm80.cu")),
     ("bwd_sm80.cu", include_str!("../templates/bwd_sm80.cu")),
+    ("fwd_sm90a.cu", include_str!("../templates/fwd_sm90a.cu")),
+    (
+        "common/fwd_params.cuh",
+        include_str!("../templates/common/fwd_params.cuh"),
+    ),
+    ("common/softmax.cuh", include_str!("../templates/common/softmax.cuh")),
+    ("common/hopper.cuh", include_str!("../templates/common/hopper.cuh")),
     ("common/ptx.cuh", include_str!("../templates/common/ptx.cuh")),
     ("common/mask.cuh", include_str!("../templates/common/mask.cuh")),
 ];
@@ -85,6 +92,35 @@ struct FwdContext {
     is_thd: bool,
     softcap: bool,
     min_blocks: u32,
+}
+
+/// The values the sm90a forward template sees.
+#[derive(Debug, Serialize)]
+struct FwdSm90aContext {
+    spec: String,
+    entry: String,
+    ptx_type: &'static str,
+    consumers: u32,
+    block_m: u32,
+    block_n: u32,
+    stages: u32,
+    d_qk: u16,
+    d_v: u16,
+    d_v_pad: u32,
+    qk_chunks: u32,
+    v_chunks: u32,
+    qk_ksteps: u32,
+    /// f32 accumulator registers per thread of S (block_n/2) and O (d_v_pad/2),
+    /// and their 8-column tiles: the operand lists of the wgmma wrappers.
+    s_regs: u32,
+    s_tiles: u32,
+    o_regs: u32,
+    o_tiles: u32,
+    mask_kind: u32,
+    is_thd: bool,
+    softcap: bool,
+    producer_regs: u32,
+    consumer_regs: u32,
 }
 
 /// The values the backward template sees (see `plan::plan_bwd` for the tiles).
@@ -186,6 +222,31 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
                 message: "a bwd_sm80 plan needs its `bwd` tiles".into(),
             })
         }
+        (Template::FwdSm90a, _) => Context::from_serialize(FwdSm90aContext {
+            spec: spec.to_string(),
+            entry: plan.entry.clone(),
+            ptx_type,
+            consumers: plan.block_m / 64,
+            block_m: plan.block_m,
+            block_n: plan.block_n,
+            stages: plan.stages,
+            d_qk: spec.head_dim_qk,
+            d_v: spec.head_dim_v,
+            d_v_pad: plan.head_dim_v_padded,
+            qk_chunks: plan.head_dim_qk_padded.div_ceil(64),
+            v_chunks: plan.head_dim_v_padded.div_ceil(64),
+            qk_ksteps: plan.head_dim_qk_padded / 16,
+            s_regs: plan.block_n / 2,
+            s_tiles: plan.block_n / 8,
+            o_regs: plan.head_dim_v_padded / 2,
+            o_tiles: plan.head_dim_v_padded / 8,
+            mask_kind: mask_kind(spec.mask),
+            is_thd: spec.layout == Layout::Thd,
+            softcap: spec.softcap,
+            producer_regs: crate::plan::SM90A_PRODUCER_REGS,
+            consumer_regs: crate::plan::SM90A_CONSUMER_REGS,
+        })
+        .map_err(ctx_err)?,
         (Template::FwdSm80, _) => Context::from_serialize(FwdContext {
             spec: spec.to_string(),
             entry: plan.entry.clone(),

@@ -21,24 +21,9 @@ constexpr bool SOFTCAP = {{ softcap }};
 
 {% include "common/ptx.cuh" %}
 {% include "common/mask.cuh" %}
+{% include "common/softmax.cuh" %}
 
-// Launch parameters; the layout matches `attnforge::launch::FwdParams` (repr C).
-struct FwdParams {
-    const elem_t* q; const elem_t* k; const elem_t* v; elem_t* o; float* lse;
-    const int* cu_seqlens_q; const int* cu_seqlens_k;    // THD only
-    long long q_sb, q_ss, q_sh;                          // strides in elements
-    long long k_sb, k_ss, k_sh;
-    long long v_sb, v_ss, v_sh;
-    long long o_sb, o_ss, o_sh;
-    long long lse_sb, lse_sh;                            // lse[b*sb + h*sh + row]
-    int batch, heads_q, heads_kv, gqa_ratio;
-    int seqlen_q, seqlen_k;                              // dense: lengths; THD: maxima
-    int window_left, window_right;
-    float scale_log2;                                    // softmax scale * log2(e)
-    float softcap_pre;                                   // scale / cap
-    float softcap_post;                                  // cap * log2(e)
-    int num_m_blocks;
-};
+{% include "common/fwd_params.cuh" %}
 
 // Copy `ROWS` x DPAD tile rows from global (row pitch `stride` elements) into
 // shared memory (pitch PITCH), zero-filling rows >= valid_rows and columns
@@ -74,28 +59,6 @@ __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, lon
             cp_async_16(s0 + (r * PITCH + c * 8) * 2, src, ok ? 16 : 0);
         }
     }
-}
-
-// Set scores outside each row's visible key range to -inf. `row0` is this
-// thread's first row (g of its warp's first tile), `col0` its first key
-// column (n0 + 2t); element (mt, j, e) is row row0 + 16 mt + 8 (e / 2),
-// key col0 + 8 j + (e % 2).
-template <int MT, int BN>
-__device__ __forceinline__ void apply_mask(float (&s)[MT][BN / 8][4], const RowWindow& win, int row0, int col0) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int i = row0 + mt * 16 + 8 * r;
-            const int lo = win.key_lo(i) - col0, hi = win.key_hi(i) - col0;
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int c = j * 8 + e;
-                    if (c < lo || c > hi) s[mt][j][2 * r + e] = NEG_INF;
-                }
-        }
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})

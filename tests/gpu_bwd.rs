@@ -239,6 +239,7 @@ fn run_case(c: &Case, spec: AttnSpec, rng: &mut rand::rngs::StdRng) -> Outcome {
         cu_seqlens_q: is_thd.then_some(b_cu_q.ptr),
         cu_seqlens_k: is_thd.then_some(b_cu_k.ptr),
         total_q: total_q as u32,
+        total_k: total_k as u32,
         scale: None,
         softcap: c.softcap,
         window: c.window,

@@ -100,7 +100,8 @@ struct Outcome {
     problems: Vec<String>,
 }
 
-fn run_case(c: &Case, spec: AttnSpec, rng: &mut rand::rngs::StdRng) -> Outcome {
+fn run_case(c: &Case, kernel: &attnforge::CompiledKernel, rng: &mut rand::rngs::StdRng) -> Outcome {
+    let spec = kernel.spec;
     let dt = spec.dtype;
     let (dq, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
     let (hq, hkv) = (c.heads_q, c.heads_kv);
@@ -250,13 +251,13 @@ fn run_case(c: &Case, spec: AttnSpec, rng: &mut rand::rngs::StdRng) -> Outcome {
             cu_seqlens_q: is_thd.then_some(cu_q_buf.ptr),
             cu_seqlens_k: is_thd.then_some(cu_k_buf.ptr),
             total_q: total_q as u32,
+            total_k: total_k as u32,
             scale: None,
             softcap: c.softcap,
             window: c.window,
         },
     };
-    let kernel = attnforge::get_or_build(&spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
-    let loaded = launch::load(&kernel).expect("load");
+    let loaded = launch::load(kernel).expect("load");
     // SAFETY: buffers sized for the shapes above, null stream.
     unsafe { launch::launch_fwd(&loaded, &args, std::ptr::null_mut()) }.expect("launch");
     // SAFETY: synchronize the context after the launch; a kernel fault surfaces here.
@@ -395,6 +396,37 @@ fn main() {
     println!("gpu_fwd: done");
 }
 
+/// The forward kernels a spec runs as on this device: the planner's choice,
+/// and for sm90a specs also the sm80 instruction path built for sm90a (the
+/// planner routes there what the wgmma template does not take), so that one
+/// H200 run checks both templates on every case.
+fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel)> {
+    use attnforge::compile::Nvrtc;
+    use attnforge::jit::{cache_key, compile_options, compile_plan};
+    use attnforge::plan::{default_fwd_tiles, plan_fwd_sm80_with, Template};
+    let planned = attnforge::get_or_build(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
+    let mut v = vec![(planned.plan.template.file(), (*planned).clone())];
+    if planned.plan.template != Template::FwdSm80 {
+        let plan = plan_fwd_sm80_with(spec, default_fwd_tiles(spec));
+        let rendered = attnforge::render::render(&plan).expect("render");
+        let nvrtc = Nvrtc::get().expect("nvrtc");
+        let key = cache_key(&plan, &rendered, &nvrtc.version_string(), &compile_options(&plan));
+        let (cubin, meta) = compile_plan(&plan, &rendered, nvrtc).unwrap_or_else(|e| panic!("{spec} (sm80 path): {e}"));
+        v.push((
+            Template::FwdSm80.file(),
+            attnforge::CompiledKernel {
+                spec: *spec,
+                plan,
+                key,
+                cubin,
+                meta,
+                origin: attnforge::Origin::Compiled,
+            },
+        ));
+    }
+    v
+}
+
 fn gpu_forward_matches_f64_reference() {
     let Some((cc, device_arch)) = common::gpu_or_skip("gpu_fwd") else {
         return;
@@ -404,8 +436,8 @@ fn gpu_forward_matches_f64_reference() {
     let only = std::env::var("ATTNFORGE_GPU_CASES").ok();
     let mut table = String::new();
     let _ = writeln!(table, "seed {seed}, device compute capability {}.{}\n", cc.0, cc.1);
-    let _ = writeln!(table, "| spec | batch x heads (q/kv) | lens (q,k) | memory | window | softcap | O rel err | bound | LSE max abs | result |");
-    let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(table, "| spec | template | batch x heads (q/kv) | lens (q,k) | memory | window | softcap | O rel err | bound | LSE max abs | result |");
+    let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|");
     let mut failed = 0;
     for c in cases() {
         if let Some(f) = &only {
@@ -422,45 +454,49 @@ fn gpu_forward_matches_f64_reference() {
         if cc.0 != 8 {
             spec = spec.with_arch(device_arch);
         }
-        let out = run_case(&c, spec, &mut rng);
-        let (ob, lb) = bounds(spec.dtype);
-        let ok = out.o_rel <= ob && out.lse_max_abs <= lb && out.problems.is_empty();
-        if !ok {
-            failed += 1;
-        }
-        let lens = if c.lens.len() > 3 {
-            format!("{:?}…", &c.lens[..3])
-        } else {
-            format!("{:?}", c.lens)
-        };
-        let _ = writeln!(
-            table,
-            "| {} | {} x {}/{} | {} | {:?} | {:?} | {} | {:.2e} | {:.1e} | {:.2e} | {} |",
-            spec,
-            c.batch,
-            c.heads_q,
-            c.heads_kv,
-            lens,
-            c.mem,
-            c.window,
-            c.softcap,
-            out.o_rel,
-            ob,
-            out.lse_max_abs,
-            if ok {
-                "ok".to_string()
-            } else {
-                format!("FAIL {}", out.problems.join("; "))
+        for (path, kernel) in kernels_for(&spec) {
+            let out = run_case(&c, &kernel, &mut rng);
+            let (ob, lb) = bounds(spec.dtype);
+            let ok = out.o_rel <= ob && out.lse_max_abs <= lb && out.problems.is_empty();
+            if !ok {
+                failed += 1;
             }
-        );
-        println!(
-            "{} {} o_rel={:.2e} lse={:.2e} {:?}",
-            if ok { "ok  " } else { "FAIL" },
-            spec,
-            out.o_rel,
-            out.lse_max_abs,
-            out.problems
-        );
+            let lens = if c.lens.len() > 3 {
+                format!("{:?}…", &c.lens[..3])
+            } else {
+                format!("{:?}", c.lens)
+            };
+            let _ = writeln!(
+                table,
+                "| {} | {} | {} x {}/{} | {} | {:?} | {:?} | {} | {:.2e} | {:.1e} | {:.2e} | {} |",
+                spec,
+                path,
+                c.batch,
+                c.heads_q,
+                c.heads_kv,
+                lens,
+                c.mem,
+                c.window,
+                c.softcap,
+                out.o_rel,
+                ob,
+                out.lse_max_abs,
+                if ok {
+                    "ok".to_string()
+                } else {
+                    format!("FAIL {}", out.problems.join("; "))
+                }
+            );
+            println!(
+                "{} {} [{}] o_rel={:.2e} lse={:.2e} {:?}",
+                if ok { "ok  " } else { "FAIL" },
+                spec,
+                path,
+                out.o_rel,
+                out.lse_max_abs,
+                out.problems
+            );
+        }
     }
     println!("\n{table}");
     if let Ok(dir) = std::env::var("ATTNFORGE_REPORT_DIR") {

@@ -1,20 +1,24 @@
 // attnforge generated kernel: fwd.bf16.d128.causal-br.thd.sm90a
-// template fwd_sm80.cu — FlashAttention-2-style forward on the sm80 instruction
-// path (mma.sync m16n8k16, ldmatrix, cp.async). Plan: block_m=64
-// block_n=64 warps=4 m_tiles/warp=1.
-// Do not edit: rendered by attnforge from templates/fwd_sm80.cu.
+// template fwd_sm90a.cu — Hopper forward. One producer warpgroup moves Q once
+// and K/V tiles through a 2-stage ring with TMA (128-byte swizzle,
+// completion on mbarriers); 2 consumer warpgroups own 64 query rows each and
+// run S = QK^T (wgmma, both operands in shared memory), the online softmax in
+// registers, and O += PV (wgmma, P from registers, V read transposed).
+// Plan: block_m=128 block_n=128 stages=2 registers 24/240.
+// Do not edit: rendered by attnforge from templates/fwd_sm90a.cu.
 
-constexpr int BLOCK_M = 64;
-constexpr int BLOCK_N = 64;
-constexpr int NUM_WARPS = 4;
-constexpr int THREADS = NUM_WARPS * 32;
-constexpr int M_TILES = 1;               // 16-row MMA tiles per warp
-constexpr int D_QK = 128;                     // real head dims
+constexpr int CONSUMERS = 2;           // consumer warpgroups
+constexpr int BLOCK_M = 64 * CONSUMERS;             // query rows per block
+constexpr int BLOCK_N = 128;               // keys per main-loop step
+constexpr int STAGES = 2;                 // K/V ring depth
+constexpr int THREADS = 128 * (CONSUMERS + 1);
+constexpr int D_QK = 128;
+static_assert(D_QK <= 16 * 8 && D_QK <= 64 * 2, "head dim covered by the k-steps and chunks");
 constexpr int D_V = 128;
-constexpr int DQK = 128;                  // padded to the k-step (16)
-constexpr int DV = 128;
-constexpr int PITCH_QK = 136;             // shared-memory row pitch, elements
-constexpr int PITCH_V = 136;
+constexpr int DV = 128;                    // O accumulator columns (wgmma N)
+constexpr int QK_CHUNKS = 2;           // 64-element (128-byte) column chunks of Q and K
+constexpr int V_CHUNKS = 2;
+constexpr int QK_KSTEPS = 8;           // 16-wide k-steps of S = QK^T
 constexpr int MASK_KIND = 2;
 constexpr bool IS_THD = true;
 constexpr bool SOFTCAP = false;
@@ -96,6 +100,82 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 #define NEG_INF (__int_as_float(0xff800000))
 
+// ---- common/hopper.cuh: sm90a device helpers (inline PTX) ---------------------
+// mbarriers, the tensor memory accelerator (TMA), warpgroup MMA (wgmma)
+// fences and shared-memory matrix descriptors, register reallocation.
+
+// A CUtensorMap as the driver encodes it (cuTensorMapEncodeTiled): 128 opaque
+// bytes, 64-byte aligned, passed by value as a __grid_constant__ parameter.
+struct __align__(64) TmaMap {
+    unsigned long long opaque[16];
+};
+
+// ---- mbarriers (shared::cta, 8 bytes each) ----
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+// Arrive once and announce `bytes` more of asynchronous transactions.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+// Block until the phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done = 0;
+    do {
+        asm volatile(
+            "{\n .reg .pred p;\n"
+            " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            " selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+// Make barrier initialisation (generic proxy) visible to the async proxy (TMA).
+__device__ __forceinline__ void fence_barrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// ---- TMA: a 4-D tile (d, row, head, batch) into shared memory, completing on `bar` ----
+__device__ __forceinline__ void tma_prefetch_map(const TmaMap* map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"(reinterpret_cast<unsigned long long>(map)) : "memory");
+}
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaMap* map, unsigned bar,
+                                            int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+        :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
+}
+
+// ---- wgmma ----
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+
+// Shared-memory matrix descriptor for a 128-byte-swizzled tile whose rows are
+// 128 bytes (64 elements) wide, as TMA writes it with SWIZZLE_128B: 8-row
+// groups 1024 bytes apart (stride byte offset); `lbo` is the byte distance
+// between 64-element column chunks (used by MN-major operands only).
+__device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned lbo) {
+    unsigned long long d = 0;
+    d |= (unsigned long long)((addr & 0x3FFFF) >> 4);
+    d |= (unsigned long long)((lbo >> 4) & 0x3FFF) << 16;
+    d |= (unsigned long long)(1024 >> 4) << 32;
+    d |= 1ull << 62;                                       // swizzle mode: 128 B
+    return d;
+}
+
+// ---- register reallocation between warpgroups ----
+template <int N>
+__device__ __forceinline__ void regs_release() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N)); }
+template <int N>
+__device__ __forceinline__ void regs_claim() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N)); }
+
 // ---- common/mask.cuh: which keys a query row sees ------------------------------
 // MASK_KIND: 0 none, 1 causal top-left, 2 causal bottom-right, 3 sliding window
 // (left, right around the bottom-right diagonal; -1 = unbounded).
@@ -121,60 +201,11 @@ struct RowWindow {
     }
 };
 
-
-// Launch parameters; the layout matches `attnforge::launch::FwdParams` (repr C).
-struct FwdParams {
-    const elem_t* q; const elem_t* k; const elem_t* v; elem_t* o; float* lse;
-    const int* cu_seqlens_q; const int* cu_seqlens_k;    // THD only
-    long long q_sb, q_ss, q_sh;                          // strides in elements
-    long long k_sb, k_ss, k_sh;
-    long long v_sb, v_ss, v_sh;
-    long long o_sb, o_ss, o_sh;
-    long long lse_sb, lse_sh;                            // lse[b*sb + h*sh + row]
-    int batch, heads_q, heads_kv, gqa_ratio;
-    int seqlen_q, seqlen_k;                              // dense: lengths; THD: maxima
-    int window_left, window_right;
-    float scale_log2;                                    // softmax scale * log2(e)
-    float softcap_pre;                                   // scale / cap
-    float softcap_post;                                  // cap * log2(e)
-    int num_m_blocks;
-};
-
-// Copy `ROWS` x DPAD tile rows from global (row pitch `stride` elements) into
-// shared memory (pitch PITCH), zero-filling rows >= valid_rows and columns
-// >= d_real. When the block's threads tile the 16-byte chunks of a row
-// evenly, each thread owns one chunk column and walks rows with a fixed
-// step, so the only live state is one pointer and one row index.
-template <int ROWS, int DPAD, int PITCH>
-__device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, long long stride,
-                                          int valid_rows, int d_real, int tid) {
-    constexpr int CHUNKS = DPAD / 8;                     // 16-byte chunks per row
-    const unsigned s0 = smem_addr(smem);
-    if constexpr (THREADS % CHUNKS == 0) {
-        constexpr int STEP = THREADS / CHUNKS;           // rows per pass
-        const int c = tid % CHUNKS, r0 = tid / CHUNKS;
-        const bool col_ok = c * 8 < d_real;
-        const elem_t* src = gbase + r0 * stride + c * 8;
-        const long long step = STEP * stride;
-#pragma unroll
-        for (int k = 0; k < (ROWS + STEP - 1) / STEP; ++k) {
-            const int r = r0 + k * STEP;
-            if (ROWS % STEP == 0 || r < ROWS) {
-                const bool ok = col_ok && r < valid_rows;
-                cp_async_16(s0 + (r * PITCH + c * 8) * 2, ok ? src : gbase, ok ? 16 : 0);
-            }
-            src += step;
-        }
-    } else {
-#pragma unroll
-        for (int idx = tid; idx < ROWS * CHUNKS; idx += THREADS) {
-            const int r = idx / CHUNKS, c = idx % CHUNKS;
-            const bool ok = r < valid_rows && c * 8 < d_real;
-            const elem_t* src = ok ? gbase + r * stride + c * 8 : gbase;
-            cp_async_16(s0 + (r * PITCH + c * 8) * 2, src, ok ? 16 : 0);
-        }
-    }
-}
+// ---- common/softmax.cuh: masking and the online softmax on MMA accumulators -------
+// Both forward templates hold scores in the m16n8 accumulator layout (mma.sync
+// tiles, and each warp's 16 rows of a wgmma m64nN accumulator): thread
+// (g = lane/4, t = lane%4) owns rows g and g+8 and columns 2t, 2t+1 of each
+// 8-wide n-tile.
 
 // Set scores outside each row's visible key range to -inf. `row0` is this
 // thread's first row (g of its warp's first tile), `col0` its first key
@@ -198,14 +229,134 @@ __device__ __forceinline__ void apply_mask(float (&s)[MT][BN / 8][4], const RowW
         }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
-attnforge_fwd_bf16_d128_causal_br_thd_sm90a(const FwdParams p) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    elem_t* sQ = reinterpret_cast<elem_t*>(smem_raw);
-    elem_t* sK = sQ + BLOCK_M * PITCH_QK;                // [2][BLOCK_N][PITCH_QK]
-    elem_t* sV = sK + 2 * BLOCK_N * PITCH_QK;            // [2][BLOCK_N][PITCH_V]
+// One tile of the online softmax, scores already scaled into the log2 domain
+// and masked: per row, raise the running max, turn the scores into
+// probabilities in place, add them to the running sum, and return in
+// `alpha` the factor that rescales what O has accumulated so far.
+template <int MT, int NT>
+__device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&row_max)[MT][2],
+                                               float (&row_sum)[MT][2], float (&alpha)[MT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float tile_max = NEG_INF;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) tile_max = fmaxf(tile_max, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
+            tile_max = quad_max(tile_max);
+            const float m_new = fmaxf(row_max[mt][r], tile_max);
+            const float m_use = m_new == NEG_INF ? 0.f : m_new;   // fully masked so far: all p = 0
+            alpha[mt][r] = fast_exp2(row_max[mt][r] - m_use);
+            row_max[mt][r] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float pv = fast_exp2(s[mt][j][2 * r + e] - m_use);
+                    s[mt][j][2 * r + e] = pv;
+                    sum += pv;
+                }
+            row_sum[mt][r] = row_sum[mt][r] * alpha[mt][r] + sum;
+        }
+}
 
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+// ---- common/fwd_params.cuh: the forward kernels' parameter block ------------------
+// Launch parameters; the layout matches `attnforge::launch::FwdParams` (repr C).
+struct FwdParams {
+    const elem_t* q; const elem_t* k; const elem_t* v; elem_t* o; float* lse;
+    const int* cu_seqlens_q; const int* cu_seqlens_k;    // THD only
+    long long q_sb, q_ss, q_sh;                          // strides in elements
+    long long k_sb, k_ss, k_sh;
+    long long v_sb, v_ss, v_sh;
+    long long o_sb, o_ss, o_sh;
+    long long lse_sb, lse_sh;                            // lse[b*sb + h*sh + row]
+    int batch, heads_q, heads_kv, gqa_ratio;
+    int seqlen_q, seqlen_k;                              // dense: lengths; THD: maxima
+    int window_left, window_right;
+    float scale_log2;                                    // softmax scale * log2(e)
+    float softcap_pre;                                   // scale / cap
+    float softcap_post;                                  // cap * log2(e)
+    int num_m_blocks;
+};
+
+
+// Shared memory, from a 1024-byte aligned base (the 128-byte swizzle repeats
+// every 8 rows of 128 bytes). Each tile is stored as column chunks of 64
+// elements: chunk c of a tile with R rows starts at c * R * 128 bytes.
+constexpr unsigned Q_BYTES = BLOCK_M * 128 * QK_CHUNKS;
+constexpr unsigned K_BYTES = BLOCK_N * 128 * QK_CHUNKS;   // one stage
+constexpr unsigned V_BYTES = BLOCK_N * 128 * V_CHUNKS;
+constexpr unsigned OFF_K = Q_BYTES;
+constexpr unsigned OFF_V = OFF_K + STAGES * K_BYTES;
+constexpr unsigned OFF_BAR = OFF_V + STAGES * V_BYTES;    // q_full, k_full[S], v_full[S], kv_empty[S]
+
+// S (64 x BLOCK_N) = Q (64 x 16) K^T (16 x BLOCK_N), accumulating when `acc`
+// is nonzero. Both operands K-major in shared memory.
+__device__ __forceinline__ void wgmma_qk(float (&d)[BLOCK_N / 8][4], unsigned long long qd, unsigned long long kd, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+        "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 },\n"
+        "%64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "l"(qd), "l"(kd), "r"(acc));
+}
+
+// O (64 x DV) += P (64 x 16, registers) V (16 x DV); V is stored row-major
+// (DV contiguous), i.e. MN-major for this product: transposed B.
+__device__ __forceinline__ void wgmma_pv(float (&d)[DV / 8][4], const unsigned (&a)[4], unsigned long long vd) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+        "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 },\n"
+        "{ %64, %65, %66, %67 }, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(vd), "r"(1));
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+attnforge_fwd_bf16_d128_causal_br_thd_sm90a(const __grid_constant__ FwdParams p, const __grid_constant__ TmaMap tq,
+            const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+    const unsigned sQ = base, sK = base + OFF_K, sV = base + OFF_V;
+    const unsigned bar_q = base + OFF_BAR;
+    auto k_full = [&](int s) { return bar_q + 8u * (1 + s); };
+    auto v_full = [&](int s) { return bar_q + 8u * (1 + STAGES + s); };
+    auto kv_empty = [&](int s) { return bar_q + 8u * (1 + 2 * STAGES + s); };
+
+    const int tid = threadIdx.x;
     const int bh = blockIdx.x;
     const int b = bh / p.heads_q, h = bh % p.heads_q;
     const int hk = h / p.gqa_ratio;
@@ -221,188 +372,151 @@ attnforge_fwd_bf16_d128_causal_br_thd_sm90a(const FwdParams p) {
     const int m0 = m_block * BLOCK_M;
     if (m0 >= sq) return;                                // whole block uniform
 
-    const elem_t* gQ = p.q + b * p.q_sb + (q_off + (long long)m0) * p.q_ss + h * p.q_sh;
-    const elem_t* gK = p.k + b * p.k_sb + (long long)k_off * p.k_ss + hk * p.k_sh;
-    const elem_t* gV = p.v + b * p.v_sb + (long long)k_off * p.v_ss + hk * p.v_sh;
-
     const RowWindow win(sq, sk, p.window_left, p.window_right);
     const int last_row = min(m0 + BLOCK_M, sq) - 1;
     const int n_begin = (win.key_lo(m0) / BLOCK_N) * BLOCK_N;
     const int n_end = min(sk, win.key_hi(last_row) + 1);
     const int n_tiles = n_end > n_begin ? (n_end - n_begin + BLOCK_N - 1) / BLOCK_N : 0;
 
-    // Per-thread state. Thread (g = lane/4, t = lane%4) owns rows g and g+8 of
-    // each of its warp's 16-row tiles, and columns 2t, 2t+1 of each 8-wide n-tile.
-    float acc_o[M_TILES][DV / 8][4];
-    float row_max[M_TILES][2], row_sum[M_TILES][2];
+    if (tid == 0) {
+        mbar_init(bar_q, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(k_full(s), 1);
+            mbar_init(v_full(s), 1);
+            mbar_init(kv_empty(s), 4 * CONSUMERS);       // lane 0 of every consumer warp
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+
+    const int wg = tid / 128;
+    if (wg == 0) {
+        // Producer: one thread issues every copy; the others only give their registers back.
+        regs_release<24>();
+        if (tid == 0 && n_tiles > 0) {
+            tma_prefetch_map(&tq);
+            tma_prefetch_map(&tk);
+            tma_prefetch_map(&tv);
+            // Coordinates (column, row, head, batch); THD rows are token indices.
+            const int bq = IS_THD ? 0 : b;
+            mbar_arrive_expect_tx(bar_q, Q_BYTES);
 #pragma unroll
-    for (int mt = 0; mt < M_TILES; ++mt) {
+            for (int c = 0; c < QK_CHUNKS; ++c)
+                tma_load_4d(sQ + c * BLOCK_M * 128, &tq, bar_q, c * 64, q_off + m0, h, bq);
+            for (int it = 0; it < n_tiles; ++it) {
+                const int s = it % STAGES;
+                if (it >= STAGES) mbar_wait(kv_empty(s), ((it / STAGES) - 1) & 1);
+                const int row = k_off + n_begin + it * BLOCK_N;
+                mbar_arrive_expect_tx(k_full(s), K_BYTES);
 #pragma unroll
-        for (int j = 0; j < DV / 8; ++j)
+                for (int c = 0; c < QK_CHUNKS; ++c)
+                    tma_load_4d(sK + s * K_BYTES + c * BLOCK_N * 128, &tk, k_full(s), c * 64, row, hk, bq);
+                mbar_arrive_expect_tx(v_full(s), V_BYTES);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc_o[mt][j][e] = 0.f;
-        row_max[mt][0] = row_max[mt][1] = NEG_INF;
-        row_sum[mt][0] = row_sum[mt][1] = 0.f;
+                for (int c = 0; c < V_CHUNKS; ++c)
+                    tma_load_4d(sV + s * V_BYTES + c * BLOCK_N * 128, &tv, v_full(s), c * 64, row, hk, bq);
+            }
+        }
+        return;
     }
 
-    const int warp_row0 = warp * 16 * M_TILES;
-    const int g = lane / 4, t = lane % 4;
+    // Consumers.
+    regs_claim<240>();
+    const int cw = wg - 1;
+    const int warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int row0 = m0 + cw * 64 + warp * 16 + g;       // this thread's first row (and row0 + 8)
 
-    if (n_tiles > 0) {
-        load_tile<BLOCK_M, DQK, PITCH_QK>(sQ, gQ, p.q_ss, sq - m0, D_QK, tid);
-        load_tile<BLOCK_N, DQK, PITCH_QK>(sK, gK + n_begin * p.k_ss, p.k_ss, sk - n_begin, D_QK, tid);
-        load_tile<BLOCK_N, DV, PITCH_V>(sV, gV + n_begin * p.v_ss, p.v_ss, sk - n_begin, D_V, tid);
-        cp_async_commit();
-    }
+    float acc_o[DV / 8][4];
+    float row_max[1][2] = {{NEG_INF, NEG_INF}}, row_sum[1][2] = {{0.f, 0.f}};
+#pragma unroll
+    for (int j = 0; j < DV / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[j][e] = 0.f;
+
+    if (n_tiles > 0) mbar_wait(bar_q, 0);
+    const unsigned q_rows = sQ + cw * 64 * 128;          // this warpgroup's 64 rows in each chunk
 
     for (int it = 0; it < n_tiles; ++it) {
+        const int s = it % STAGES;
+        const unsigned phase = (it / STAGES) & 1;
         const int n0 = n_begin + it * BLOCK_N;
-        const int buf = it & 1;
-        if (it + 1 < n_tiles) {                          // prefetch the next K/V tile
-            const int n1 = n0 + BLOCK_N;
-            load_tile<BLOCK_N, DQK, PITCH_QK>(sK + (buf ^ 1) * BLOCK_N * PITCH_QK, gK + n1 * p.k_ss, p.k_ss, sk - n1, D_QK, tid);
-            load_tile<BLOCK_N, DV, PITCH_V>(sV + (buf ^ 1) * BLOCK_N * PITCH_V, gV + n1 * p.v_ss, p.v_ss, sk - n1, D_V, tid);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
+
+        // S = Q K^T.
+        float acc_s[1][BLOCK_N / 8][4];
+        mbar_wait(k_full(s), phase);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < QK_KSTEPS; ++ks) {
+            const unsigned in_chunk = (ks % 4) * 32;
+            wgmma_qk(acc_s[0],
+                     sw128_desc(q_rows + (ks / 4) * BLOCK_M * 128 + in_chunk, 16),
+                     sw128_desc(sK + s * K_BYTES + (ks / 4) * BLOCK_N * 128 + in_chunk, 16),
+                     ks > 0);
         }
-        __syncthreads();
+        wgmma_commit();
+        wgmma_wait<0>();
 
-        const unsigned sQa = smem_addr(sQ);
-        const unsigned sKa = smem_addr(sK + buf * BLOCK_N * PITCH_QK);
-        const unsigned sVa = smem_addr(sV + buf * BLOCK_N * PITCH_V);
-
-        // S = Q K^T for this warp's rows.
-        float acc_s[M_TILES][BLOCK_N / 8][4];
+        // Scale (and softcap) into the log2 domain; mask edge tiles; online softmax.
 #pragma unroll
-        for (int mt = 0; mt < M_TILES; ++mt)
+        for (int j = 0; j < BLOCK_N / 8; ++j)
 #pragma unroll
-            for (int j = 0; j < BLOCK_N / 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc_s[mt][j][e] = 0.f;
-
-#pragma unroll
-        for (int ks = 0; ks < DQK / 16; ++ks) {
-            unsigned a[M_TILES][4];
-#pragma unroll
-            for (int mt = 0; mt < M_TILES; ++mt) {
-                const int row = warp_row0 + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-                const int col = ks * 16 + (lane >> 4) * 8;
-                ldmatrix_x4(a[mt], sQa + (row * PITCH_QK + col) * 2);
+            for (int e = 0; e < 4; ++e) {
+                if constexpr (SOFTCAP) acc_s[0][j][e] = p.softcap_post * fast_tanh(acc_s[0][j][e] * p.softcap_pre);
+                else acc_s[0][j][e] *= p.scale_log2;
             }
-#pragma unroll
-            for (int np = 0; np < BLOCK_N / 16; ++np) {
-                unsigned bk[4];
-                const int key = np * 16 + (lane & 7) + (lane >> 4) * 8;
-                const int col = ks * 16 + ((lane >> 3) & 1) * 8;
-                ldmatrix_x4(bk, sKa + (key * PITCH_QK + col) * 2);
-#pragma unroll
-                for (int mt = 0; mt < M_TILES; ++mt) {
-                    mma_16816(acc_s[mt][2 * np], a[mt], bk[0], bk[1]);
-                    mma_16816(acc_s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
-                }
-            }
-        }
-
-        // Scale (and softcap) into the log2 domain.
-#pragma unroll
-        for (int mt = 0; mt < M_TILES; ++mt)
-#pragma unroll
-            for (int j = 0; j < BLOCK_N / 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    if constexpr (SOFTCAP) acc_s[mt][j][e] = p.softcap_post * fast_tanh(acc_s[mt][j][e] * p.softcap_pre);
-                    else acc_s[mt][j][e] *= p.scale_log2;
-                }
-        // Mask, only on tiles that cross a row's visible range or the end of K.
         const bool edge = (n0 + BLOCK_N > sk) || (MASK_KIND != 0 &&
             (win.key_lo(last_row) > n0 || win.key_hi(m0) < n0 + BLOCK_N - 1));
-        if (edge) apply_mask<M_TILES, BLOCK_N>(acc_s, win, m0 + warp_row0 + g, n0 + 2 * t);
-        // Online softmax: running max and sum per row, rescale O.
+        if (edge) apply_mask<1, BLOCK_N>(acc_s, win, row0, n0 + 2 * t);
+        float alpha[1][2];
+        online_softmax<1, BLOCK_N / 8>(acc_s, row_max, row_sum, alpha);
 #pragma unroll
-        for (int mt = 0; mt < M_TILES; ++mt) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                float tile_max = NEG_INF;
-#pragma unroll
-                for (int j = 0; j < BLOCK_N / 8; ++j)
-                    tile_max = fmaxf(tile_max, fmaxf(acc_s[mt][j][2 * r], acc_s[mt][j][2 * r + 1]));
-                tile_max = quad_max(tile_max);
-                const float m_new = fmaxf(row_max[mt][r], tile_max);
-                const float m_use = m_new == NEG_INF ? 0.f : m_new;
-                const float alpha = fast_exp2(row_max[mt][r] - m_use);
-                row_max[mt][r] = m_new;
-                float sum = 0.f;
-#pragma unroll
-                for (int j = 0; j < BLOCK_N / 8; ++j) {
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float pv = fast_exp2(acc_s[mt][j][2 * r + e] - m_use);
-                        acc_s[mt][j][2 * r + e] = pv;
-                        sum += pv;
-                    }
-                }
-                row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
-#pragma unroll
-                for (int j = 0; j < DV / 8; ++j) {
-                    acc_o[mt][j][2 * r] *= alpha;
-                    acc_o[mt][j][2 * r + 1] *= alpha;
-                }
-            }
+        for (int j = 0; j < DV / 8; ++j) {
+            acc_o[j][0] *= alpha[0][0];
+            acc_o[j][1] *= alpha[0][0];
+            acc_o[j][2] *= alpha[0][1];
+            acc_o[j][3] *= alpha[0][1];
         }
 
-        // O += P V. The S accumulator layout of two n-tiles is the A-operand
-        // layout of one k-step, so P never leaves registers.
+        // O += P V: the S accumulator of two n-tiles is the A fragment of one
+        // k-step. P is packed whole before the fence so that the wgmmas issue
+        // back to back.
+        unsigned pa[BLOCK_N / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-            unsigned pa[M_TILES][4];
-#pragma unroll
-            for (int mt = 0; mt < M_TILES; ++mt) {
-                pa[mt][0] = pack2(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
-                pa[mt][1] = pack2(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
-                pa[mt][2] = pack2(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
-                pa[mt][3] = pack2(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
-            }
-#pragma unroll
-            for (int np = 0; np < DV / 16; ++np) {
-                unsigned bv[4];
-                const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-                const int col = np * 16 + (lane >> 4) * 8;
-                ldmatrix_x4_trans(bv, sVa + (key * PITCH_V + col) * 2);
-#pragma unroll
-                for (int mt = 0; mt < M_TILES; ++mt) {
-                    mma_16816(acc_o[mt][2 * np], pa[mt], bv[0], bv[1]);
-                    mma_16816(acc_o[mt][2 * np + 1], pa[mt], bv[2], bv[3]);
-                }
-            }
+            pa[kk][0] = pack2(acc_s[0][2 * kk][0], acc_s[0][2 * kk][1]);
+            pa[kk][1] = pack2(acc_s[0][2 * kk][2], acc_s[0][2 * kk][3]);
+            pa[kk][2] = pack2(acc_s[0][2 * kk + 1][0], acc_s[0][2 * kk + 1][1]);
+            pa[kk][3] = pack2(acc_s[0][2 * kk + 1][2], acc_s[0][2 * kk + 1][3]);
         }
-        __syncthreads();                                 // buffer `buf` is refilled next iteration
+        mbar_wait(v_full(s), phase);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+            wgmma_pv(acc_o, pa[kk], sw128_desc(sV + s * V_BYTES + kk * 16 * 128, BLOCK_N * 128));
+        wgmma_commit();
+        wgmma_wait<0>();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(kv_empty(s));         // this warp is done with stage s
     }
 
     // Epilogue: normalize, write O (elements) and LSE (f32, natural log).
     elem_t* gO = p.o + b * p.o_sb + (long long)q_off * p.o_ss + h * p.o_sh;
     float* gL = p.lse + b * p.lse_sb + h * p.lse_sh + q_off;
 #pragma unroll
-    for (int mt = 0; mt < M_TILES; ++mt) {
+    for (int r = 0; r < 2; ++r) {
+        const int i = row0 + 8 * r;
+        const float l = quad_sum(row_sum[0][r]);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        if (i < sq) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int i = m0 + warp_row0 + mt * 16 + g + 8 * r;
-            const float l = quad_sum(row_sum[mt][r]);
-            const float inv = l > 0.f ? 1.f / l : 0.f;
-            if (i < sq) {
-#pragma unroll
-                for (int j = 0; j < DV / 8; ++j) {
-                    const int col = j * 8 + 2 * t;
-                    if (col < D_V) {
-                        *reinterpret_cast<elem2_t*>(gO + i * p.o_ss + col) =
-                            pack2(acc_o[mt][j][2 * r] * inv, acc_o[mt][j][2 * r + 1] * inv);
-                    }
-                }
-                if (t == 0) {
-                    gL[i] = l > 0.f ? (row_max[mt][r] + fast_log2(l)) * 0.6931471805599453f : NEG_INF;
+            for (int j = 0; j < DV / 8; ++j) {
+                const int col = j * 8 + 2 * t;
+                if (col < D_V) {
+                    *reinterpret_cast<elem2_t*>(gO + i * p.o_ss + col) =
+                        pack2(acc_o[j][2 * r] * inv, acc_o[j][2 * r + 1] * inv);
                 }
             }
+            if (t == 0) gL[i] = l > 0.f ? (row_max[0][r] + fast_log2(l)) * 0.6931471805599453f : NEG_INF;
         }
     }
 }

@@ -121,7 +121,68 @@ struct RowWindow {
     }
 };
 
+// ---- common/softmax.cuh: masking and the online softmax on MMA accumulators -------
+// Both forward templates hold scores in the m16n8 accumulator layout (mma.sync
+// tiles, and each warp's 16 rows of a wgmma m64nN accumulator): thread
+// (g = lane/4, t = lane%4) owns rows g and g+8 and columns 2t, 2t+1 of each
+// 8-wide n-tile.
 
+// Set scores outside each row's visible key range to -inf. `row0` is this
+// thread's first row (g of its warp's first tile), `col0` its first key
+// column (n0 + 2t); element (mt, j, e) is row row0 + 16 mt + 8 (e / 2),
+// key col0 + 8 j + (e % 2).
+template <int MT, int BN>
+__device__ __forceinline__ void apply_mask(float (&s)[MT][BN / 8][4], const RowWindow& win, int row0, int col0) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int i = row0 + mt * 16 + 8 * r;
+            const int lo = win.key_lo(i) - col0, hi = win.key_hi(i) - col0;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int c = j * 8 + e;
+                    if (c < lo || c > hi) s[mt][j][2 * r + e] = NEG_INF;
+                }
+        }
+}
+
+// One tile of the online softmax, scores already scaled into the log2 domain
+// and masked: per row, raise the running max, turn the scores into
+// probabilities in place, add them to the running sum, and return in
+// `alpha` the factor that rescales what O has accumulated so far.
+template <int MT, int NT>
+__device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&row_max)[MT][2],
+                                               float (&row_sum)[MT][2], float (&alpha)[MT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float tile_max = NEG_INF;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) tile_max = fmaxf(tile_max, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
+            tile_max = quad_max(tile_max);
+            const float m_new = fmaxf(row_max[mt][r], tile_max);
+            const float m_use = m_new == NEG_INF ? 0.f : m_new;   // fully masked so far: all p = 0
+            alpha[mt][r] = fast_exp2(row_max[mt][r] - m_use);
+            row_max[mt][r] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float pv = fast_exp2(s[mt][j][2 * r + e] - m_use);
+                    s[mt][j][2 * r + e] = pv;
+                    sum += pv;
+                }
+            row_sum[mt][r] = row_sum[mt][r] * alpha[mt][r] + sum;
+        }
+}
+
+
+// ---- common/fwd_params.cuh: the forward kernels' parameter block ------------------
 // Launch parameters; the layout matches `attnforge::launch::FwdParams` (repr C).
 struct FwdParams {
     const elem_t* q; const elem_t* k; const elem_t* v; elem_t* o; float* lse;
@@ -139,6 +200,7 @@ struct FwdParams {
     float softcap_post;                                  // cap * log2(e)
     int num_m_blocks;
 };
+
 
 // Copy `ROWS` x DPAD tile rows from global (row pitch `stride` elements) into
 // shared memory (pitch PITCH), zero-filling rows >= valid_rows and columns
@@ -174,28 +236,6 @@ __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, lon
             cp_async_16(s0 + (r * PITCH + c * 8) * 2, src, ok ? 16 : 0);
         }
     }
-}
-
-// Set scores outside each row's visible key range to -inf. `row0` is this
-// thread's first row (g of its warp's first tile), `col0` its first key
-// column (n0 + 2t); element (mt, j, e) is row row0 + 16 mt + 8 (e / 2),
-// key col0 + 8 j + (e % 2).
-template <int MT, int BN>
-__device__ __forceinline__ void apply_mask(float (&s)[MT][BN / 8][4], const RowWindow& win, int row0, int col0) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int i = row0 + mt * 16 + 8 * r;
-            const int lo = win.key_lo(i) - col0, hi = win.key_hi(i) - col0;
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int c = j * 8 + e;
-                    if (c < lo || c > hi) s[mt][j][2 * r + e] = NEG_INF;
-                }
-        }
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 2)

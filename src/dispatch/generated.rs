@@ -150,6 +150,7 @@ impl GeneratedBackend {
                 cu_seqlens_q: call.cu_seqlens_q,
                 cu_seqlens_k: call.cu_seqlens_k,
                 total_q: p.total_q,
+                total_k: p.total_k,
                 scale: p.scale,
                 softcap: p.softcap,
                 window: p.window,
@@ -170,6 +171,7 @@ impl GeneratedBackend {
             cu_seqlens_q: ctx.cu_seqlens_q,
             cu_seqlens_k: ctx.cu_seqlens_k,
             total_q: p.total_q,
+            total_k: p.total_k,
             scale: Some(ctx.scale),
             softcap: ctx.mask.softcap,
             window: ctx.mask.window,
@@ -440,7 +442,7 @@ mod tests {
         let p = Problem::dense(ElemType::Bf16, 128, 2, 16, 4, 1000, 1000, SM90).with_mask(Mask::CausalBottomRight);
         let s = b.supports(Direction::Fwd, &key(p)).unwrap();
         assert_eq!(s.spec.unwrap().to_string(), "fwd.bf16.d128.causal-br.dense.sm90a");
-        assert!(s.note.unwrap().contains("fwd_sm80.cu"));
+        assert!(s.note.unwrap().contains("fwd_sm90a.cu"));
         // The planner's reason, verbatim.
         let e = b.supports(Direction::Fwd, &key(p.with_head_dim_v(100))).unwrap_err();
         let spec = AttnSpec {

@@ -460,7 +460,7 @@ fn explain_lists_every_candidate_with_its_reason() {
     }
     let text = d.explain(&dense(64).with_softcap(10.0).with_grad()).unwrap();
     assert!(text.contains("spec fwd.bf16.d64.none.dense.softcap.sm90a"), "{text}");
-    assert!(text.contains("[template fwd_sm80.cu"), "{text}");
+    assert!(text.contains("[template fwd_sm90a.cu"), "{text}");
 }
 
 #[test]

@@ -1,0 +1,75 @@
+// ---- common/hopper.cuh: sm90a device helpers (inline PTX) ---------------------
+// mbarriers, the tensor memory accelerator (TMA), warpgroup MMA (wgmma)
+// fences and shared-memory matrix descriptors, register reallocation.
+
+// A CUtensorMap as the driver encodes it (cuTensorMapEncodeTiled): 128 opaque
+// bytes, 64-byte aligned, passed by value as a __grid_constant__ parameter.
+struct __align__(64) TmaMap {
+    unsigned long long opaque[16];
+};
+
+// ---- mbarriers (shared::cta, 8 bytes each) ----
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+// Arrive once and announce `bytes` more of asynchronous transactions.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+// Block until the phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done = 0;
+    do {
+        asm volatile(
+            "{\n .reg .pred p;\n"
+            " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            " selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+// Make barrier initialisation (generic proxy) visible to the async proxy (TMA).
+__device__ __forceinline__ void fence_barrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// ---- TMA: a 4-D tile (d, row, head, batch) into shared memory, completing on `bar` ----
+__device__ __forceinline__ void tma_prefetch_map(const TmaMap* map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"(reinterpret_cast<unsigned long long>(map)) : "memory");
+}
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaMap* map, unsigned bar,
+                                            int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {% raw %}{%2, %3, %4, %5}{% endraw %}], [%6];\n"
+        :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
+}
+
+// ---- wgmma ----
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+
+// Shared-memory matrix descriptor for a 128-byte-swizzled tile whose rows are
+// 128 bytes (64 elements) wide, as TMA writes it with SWIZZLE_128B: 8-row
+// groups 1024 bytes apart (stride byte offset); `lbo` is the byte distance
+// between 64-element column chunks (used by MN-major operands only).
+__device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned lbo) {
+    unsigned long long d = 0;
+    d |= (unsigned long long)((addr & 0x3FFFF) >> 4);
+    d |= (unsigned long long)((lbo >> 4) & 0x3FFF) << 16;
+    d |= (unsigned long long)(1024 >> 4) << 32;
+    d |= 1ull << 62;                                       // swizzle mode: 128 B
+    return d;
+}
+
+// ---- register reallocation between warpgroups ----
+template <int N>
+__device__ __forceinline__ void regs_release() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N)); }
+template <int N>
+__device__ __forceinline__ void regs_claim() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N)); }

@@ -1,0 +1,242 @@
+// attnforge generated kernel: {{ spec }}
+// template fwd_sm90a.cu — Hopper forward. One producer warpgroup moves Q once
+// and K/V tiles through a {{ stages }}-stage ring with TMA (128-byte swizzle,
+// completion on mbarriers); {{ consumers }} consumer warpgroups own 64 query rows each and
+// run S = QK^T (wgmma, both operands in shared memory), the online softmax in
+// registers, and O += PV (wgmma, P from registers, V read transposed).
+// Plan: block_m={{ block_m }} block_n={{ block_n }} stages={{ stages }} registers {{ producer_regs }}/{{ consumer_regs }}.
+// Do not edit: rendered by attnforge from templates/fwd_sm90a.cu.
+
+constexpr int CONSUMERS = {{ consumers }};           // consumer warpgroups
+constexpr int BLOCK_M = 64 * CONSUMERS;             // query rows per block
+constexpr int BLOCK_N = {{ block_n }};               // keys per main-loop step
+constexpr int STAGES = {{ stages }};                 // K/V ring depth
+constexpr int THREADS = 128 * (CONSUMERS + 1);
+constexpr int D_QK = {{ d_qk }};
+static_assert(D_QK <= 16 * {{ qk_ksteps }} && D_QK <= 64 * {{ qk_chunks }}, "head dim covered by the k-steps and chunks");
+constexpr int D_V = {{ d_v }};
+constexpr int DV = {{ d_v_pad }};                    // O accumulator columns (wgmma N)
+constexpr int QK_CHUNKS = {{ qk_chunks }};           // 64-element (128-byte) column chunks of Q and K
+constexpr int V_CHUNKS = {{ v_chunks }};
+constexpr int QK_KSTEPS = {{ qk_ksteps }};           // 16-wide k-steps of S = QK^T
+constexpr int MASK_KIND = {{ mask_kind }};
+constexpr bool IS_THD = {{ is_thd }};
+constexpr bool SOFTCAP = {{ softcap }};
+
+{% include "common/ptx.cuh" %}
+{% include "common/hopper.cuh" %}
+{% include "common/mask.cuh" %}
+{% include "common/softmax.cuh" %}
+{% include "common/fwd_params.cuh" %}
+
+// Shared memory, from a 1024-byte aligned base (the 128-byte swizzle repeats
+// every 8 rows of 128 bytes). Each tile is stored as column chunks of 64
+// elements: chunk c of a tile with R rows starts at c * R * 128 bytes.
+constexpr unsigned Q_BYTES = BLOCK_M * 128 * QK_CHUNKS;
+constexpr unsigned K_BYTES = BLOCK_N * 128 * QK_CHUNKS;   // one stage
+constexpr unsigned V_BYTES = BLOCK_N * 128 * V_CHUNKS;
+constexpr unsigned OFF_K = Q_BYTES;
+constexpr unsigned OFF_V = OFF_K + STAGES * K_BYTES;
+constexpr unsigned OFF_BAR = OFF_V + STAGES * V_BYTES;    // q_full, k_full[S], v_full[S], kv_empty[S]
+
+// S (64 x BLOCK_N) = Q (64 x 16) K^T (16 x BLOCK_N), accumulating when `acc`
+// is nonzero. Both operands K-major in shared memory.
+__device__ __forceinline__ void wgmma_qk(float (&d)[BLOCK_N / 8][4], unsigned long long qd, unsigned long long kd, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %{{ s_regs + 2 }}, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n{{ block_n }}k16.f32.{{ ptx_type }}.{{ ptx_type }}\n"
+        "{ {% for i in range(end=s_regs) %}%{{ i }}{% if not loop.last %}, {% endif %}{% endfor %} },\n"
+        "%{{ s_regs }}, %{{ s_regs + 1 }}, p, 1, 1, 0, 0;\n}\n"
+        : {% for j in range(end=s_tiles) %}"+f"(d[{{ j }}][0]), "+f"(d[{{ j }}][1]), "+f"(d[{{ j }}][2]), "+f"(d[{{ j }}][3]){% if not loop.last %},
+          {% endif %}{% endfor %}
+        : "l"(qd), "l"(kd), "r"(acc));
+}
+
+// O (64 x DV) += P (64 x 16, registers) V (16 x DV); V is stored row-major
+// (DV contiguous), i.e. MN-major for this product: transposed B.
+__device__ __forceinline__ void wgmma_pv(float (&d)[DV / 8][4], const unsigned (&a)[4], unsigned long long vd) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %{{ o_regs + 5 }}, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n{{ d_v_pad }}k16.f32.{{ ptx_type }}.{{ ptx_type }}\n"
+        "{ {% for i in range(end=o_regs) %}%{{ i }}{% if not loop.last %}, {% endif %}{% endfor %} },\n"
+        "{ %{{ o_regs }}, %{{ o_regs + 1 }}, %{{ o_regs + 2 }}, %{{ o_regs + 3 }} }, %{{ o_regs + 4 }}, p, 1, 1, 1;\n}\n"
+        : {% for j in range(end=o_tiles) %}"+f"(d[{{ j }}][0]), "+f"(d[{{ j }}][1]), "+f"(d[{{ j }}][2]), "+f"(d[{{ j }}][3]){% if not loop.last %},
+          {% endif %}{% endfor %}
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(vd), "r"(1));
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+{{ entry }}(const __grid_constant__ FwdParams p, const __grid_constant__ TmaMap tq,
+            const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+    const unsigned sQ = base, sK = base + OFF_K, sV = base + OFF_V;
+    const unsigned bar_q = base + OFF_BAR;
+    auto k_full = [&](int s) { return bar_q + 8u * (1 + s); };
+    auto v_full = [&](int s) { return bar_q + 8u * (1 + STAGES + s); };
+    auto kv_empty = [&](int s) { return bar_q + 8u * (1 + 2 * STAGES + s); };
+
+    const int tid = threadIdx.x;
+    const int bh = blockIdx.x;
+    const int b = bh / p.heads_q, h = bh % p.heads_q;
+    const int hk = h / p.gqa_ratio;
+    const int m_block = gridDim.y - 1 - blockIdx.y;      // longest causal tiles first
+
+    int sq = p.seqlen_q, sk = p.seqlen_k, q_off = 0, k_off = 0;
+    if constexpr (IS_THD) {
+        q_off = p.cu_seqlens_q[b];
+        k_off = p.cu_seqlens_k[b];
+        sq = p.cu_seqlens_q[b + 1] - q_off;
+        sk = p.cu_seqlens_k[b + 1] - k_off;
+    }
+    const int m0 = m_block * BLOCK_M;
+    if (m0 >= sq) return;                                // whole block uniform
+
+    const RowWindow win(sq, sk, p.window_left, p.window_right);
+    const int last_row = min(m0 + BLOCK_M, sq) - 1;
+    const int n_begin = (win.key_lo(m0) / BLOCK_N) * BLOCK_N;
+    const int n_end = min(sk, win.key_hi(last_row) + 1);
+    const int n_tiles = n_end > n_begin ? (n_end - n_begin + BLOCK_N - 1) / BLOCK_N : 0;
+
+    if (tid == 0) {
+        mbar_init(bar_q, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(k_full(s), 1);
+            mbar_init(v_full(s), 1);
+            mbar_init(kv_empty(s), 4 * CONSUMERS);       // lane 0 of every consumer warp
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+
+    const int wg = tid / 128;
+    if (wg == 0) {
+        // Producer: one thread issues every copy; the others only give their registers back.
+        regs_release<{{ producer_regs }}>();
+        if (tid == 0 && n_tiles > 0) {
+            tma_prefetch_map(&tq);
+            tma_prefetch_map(&tk);
+            tma_prefetch_map(&tv);
+            // Coordinates (column, row, head, batch); THD rows are token indices.
+            const int bq = IS_THD ? 0 : b;
+            mbar_arrive_expect_tx(bar_q, Q_BYTES);
+#pragma unroll
+            for (int c = 0; c < QK_CHUNKS; ++c)
+                tma_load_4d(sQ + c * BLOCK_M * 128, &tq, bar_q, c * 64, q_off + m0, h, bq);
+            for (int it = 0; it < n_tiles; ++it) {
+                const int s = it % STAGES;
+                if (it >= STAGES) mbar_wait(kv_empty(s), ((it / STAGES) - 1) & 1);
+                const int row = k_off + n_begin + it * BLOCK_N;
+                mbar_arrive_expect_tx(k_full(s), K_BYTES);
+#pragma unroll
+                for (int c = 0; c < QK_CHUNKS; ++c)
+                    tma_load_4d(sK + s * K_BYTES + c * BLOCK_N * 128, &tk, k_full(s), c * 64, row, hk, bq);
+                mbar_arrive_expect_tx(v_full(s), V_BYTES);
+#pragma unroll
+                for (int c = 0; c < V_CHUNKS; ++c)
+                    tma_load_4d(sV + s * V_BYTES + c * BLOCK_N * 128, &tv, v_full(s), c * 64, row, hk, bq);
+            }
+        }
+        return;
+    }
+
+    // Consumers.
+    regs_claim<{{ consumer_regs }}>();
+    const int cw = wg - 1;
+    const int warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int row0 = m0 + cw * 64 + warp * 16 + g;       // this thread's first row (and row0 + 8)
+
+    float acc_o[DV / 8][4];
+    float row_max[1][2] = {{ "{{" }}NEG_INF, NEG_INF{{ "}}" }}, row_sum[1][2] = {{ "{{" }}0.f, 0.f{{ "}}" }};
+#pragma unroll
+    for (int j = 0; j < DV / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[j][e] = 0.f;
+
+    if (n_tiles > 0) mbar_wait(bar_q, 0);
+    const unsigned q_rows = sQ + cw * 64 * 128;          // this warpgroup's 64 rows in each chunk
+
+    for (int it = 0; it < n_tiles; ++it) {
+        const int s = it % STAGES;
+        const unsigned phase = (it / STAGES) & 1;
+        const int n0 = n_begin + it * BLOCK_N;
+
+        // S = Q K^T.
+        float acc_s[1][BLOCK_N / 8][4];
+        mbar_wait(k_full(s), phase);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < QK_KSTEPS; ++ks) {
+            const unsigned in_chunk = (ks % 4) * 32;
+            wgmma_qk(acc_s[0],
+                     sw128_desc(q_rows + (ks / 4) * BLOCK_M * 128 + in_chunk, 16),
+                     sw128_desc(sK + s * K_BYTES + (ks / 4) * BLOCK_N * 128 + in_chunk, 16),
+                     ks > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+
+        // Scale (and softcap) into the log2 domain; mask edge tiles; online softmax.
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if constexpr (SOFTCAP) acc_s[0][j][e] = p.softcap_post * fast_tanh(acc_s[0][j][e] * p.softcap_pre);
+                else acc_s[0][j][e] *= p.scale_log2;
+            }
+        const bool edge = (n0 + BLOCK_N > sk) || (MASK_KIND != 0 &&
+            (win.key_lo(last_row) > n0 || win.key_hi(m0) < n0 + BLOCK_N - 1));
+        if (edge) apply_mask<1, BLOCK_N>(acc_s, win, row0, n0 + 2 * t);
+        float alpha[1][2];
+        online_softmax<1, BLOCK_N / 8>(acc_s, row_max, row_sum, alpha);
+#pragma unroll
+        for (int j = 0; j < DV / 8; ++j) {
+            acc_o[j][0] *= alpha[0][0];
+            acc_o[j][1] *= alpha[0][0];
+            acc_o[j][2] *= alpha[0][1];
+            acc_o[j][3] *= alpha[0][1];
+        }
+
+        // O += P V: the S accumulator of two n-tiles is the A fragment of one
+        // k-step. P is packed whole before the fence so that the wgmmas issue
+        // back to back.
+        unsigned pa[BLOCK_N / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+            pa[kk][0] = pack2(acc_s[0][2 * kk][0], acc_s[0][2 * kk][1]);
+            pa[kk][1] = pack2(acc_s[0][2 * kk][2], acc_s[0][2 * kk][3]);
+            pa[kk][2] = pack2(acc_s[0][2 * kk + 1][0], acc_s[0][2 * kk + 1][1]);
+            pa[kk][3] = pack2(acc_s[0][2 * kk + 1][2], acc_s[0][2 * kk + 1][3]);
+        }
+        mbar_wait(v_full(s), phase);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+            wgmma_pv(acc_o, pa[kk], sw128_desc(sV + s * V_BYTES + kk * 16 * 128, BLOCK_N * 128));
+        wgmma_commit();
+        wgmma_wait<0>();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(kv_empty(s));         // this warp is done with stage s
+    }
+
+    // Epilogue: normalize, write O (elements) and LSE (f32, natural log).
+    elem_t* gO = p.o + b * p.o_sb + (long long)q_off * p.o_ss + h * p.o_sh;
+    float* gL = p.lse + b * p.lse_sb + h * p.lse_sh + q_off;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int i = row0 + 8 * r;
+        const float l = quad_sum(row_sum[0][r]);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        if (i < sq) {
+#pragma unroll
+            for (int j = 0; j < DV / 8; ++j) {
+                const int col = j * 8 + 2 * t;
+                if (col < D_V) {
+                    *reinterpret_cast<elem2_t*>(gO + i * p.o_ss + col) =
+                        pack2(acc_o[j][2 * r] * inv, acc_o[j][2 * r + 1] * inv);
+                }
+            }
+            if (t == 0) gL[i] = l > 0.f ? (row_max[0][r] + fast_log2(l)) * 0.6931471805599453f : NEG_INF;
+        }
+    }
+}
