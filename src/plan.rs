@@ -83,6 +83,11 @@ pub struct KernelPlan {
     pub grid: GridRule,
     /// One line per decision, for `attnforge plan`.
     pub reasons: Vec<String>,
+    /// sm90a forward only: each consumer warpgroup issues the next tile's
+    /// S = QKᵀ before this tile's P·V and does the softmax while both run
+    /// (measured faster at d ≤ 64 only; docs/kernels.md). Absent elsewhere.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub consumer_pipelined: bool,
     /// Backward plans only: the tiles of the backward kernels (the fields
     /// above describe its main kernel). Absent from forward plans' JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -236,6 +241,7 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
         compile_options: Vec::new(),
         grid: GridRule::BatchHeadsByQueryTiles,
         reasons,
+        consumer_pipelined: false,
         bwd: None,
     }
 }
@@ -291,6 +297,11 @@ pub fn plan_fwd_sm90a(spec: &AttnSpec) -> KernelPlan {
         }
     }
     let smem_bytes = fwd_sm90a_smem(block_m, block_n, stages, qk_chunks, v_chunks);
+    // H200, 2026-12-02 (docs/kernels.md): issuing S(it+1) before P(it)·V(it)
+    // gained 9% at d64 and lost 11-18% at d128/d256 (the two consumer
+    // warpgroups already overlap each other's softmax; the extra live
+    // registers cost more there).
+    let consumer_pipelined = dmax <= 64;
     reasons.push(format!(
         "sm90a: wgmma + TMA, 1 producer warpgroup ({SM90A_PRODUCER_REGS} regs) + {SM90A_CONSUMERS} consumer warpgroups \
          ({SM90A_CONSUMER_REGS} regs) of 64 query rows -> block_m={block_m}"
@@ -300,6 +311,11 @@ pub fn plan_fwd_sm90a(spec: &AttnSpec) -> KernelPlan {
         block_n / 2,
         dv / 2
     ));
+    reasons.push(if consumer_pipelined {
+        "consumers pipelined by one tile (next S issued before this P V): measured +9% at d64".into()
+    } else {
+        "consumers one tile at a time: pipelining measured -11..-18% at d128/d256".into()
+    });
     KernelPlan {
         spec: *spec,
         template: Template::FwdSm90a,
@@ -319,6 +335,7 @@ pub fn plan_fwd_sm90a(spec: &AttnSpec) -> KernelPlan {
         compile_options: Vec::new(),
         grid: GridRule::BatchHeadsByQueryTiles,
         reasons,
+        consumer_pipelined,
         bwd: None,
     }
 }

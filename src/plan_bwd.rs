@@ -315,6 +315,7 @@ fn plan_padded(spec: &AttnSpec, pad: u32) -> Option<KernelPlan> {
         compile_options: Vec::new(),
         grid: GridRule::BatchHeadsByQueryTiles,
         reasons,
+        consumer_pipelined: false,
         bwd: Some(bwd),
     })
 }

@@ -121,6 +121,7 @@ struct FwdSm90aContext {
     softcap: bool,
     producer_regs: u32,
     consumer_regs: u32,
+    pipelined: bool,
 }
 
 /// The values the backward template sees (see `plan::plan_bwd` for the tiles).
@@ -245,6 +246,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
             softcap: spec.softcap,
             producer_regs: crate::plan::SM90A_PRODUCER_REGS,
             consumer_regs: crate::plan::SM90A_CONSUMER_REGS,
+            pipelined: plan.consumer_pipelined,
         })
         .map_err(ctx_err)?,
         (Template::FwdSm80, _) => Context::from_serialize(FwdContext {

@@ -4,7 +4,8 @@
 // completion on mbarriers); {{ consumers }} consumer warpgroups own 64 query rows each and
 // run S = QK^T (wgmma, both operands in shared memory), the online softmax in
 // registers, and O += PV (wgmma, P from registers, V read transposed).
-// Plan: block_m={{ block_m }} block_n={{ block_n }} stages={{ stages }} registers {{ producer_regs }}/{{ consumer_regs }}.
+// Plan: block_m={{ block_m }} block_n={{ block_n }} stages={{ stages }} registers {{ producer_regs }}/{{ consumer_regs }}
+// consumer loop: {% if pipelined %}pipelined by one tile (S of the next tile issued before P V of this one){% else %}one tile at a time (the two consumer warpgroups overlap each other){% endif %}.
 // Do not edit: rendered by attnforge from templates/fwd_sm90a.cu.
 
 constexpr int CONSUMERS = {{ consumers }};           // consumer warpgroups
@@ -140,6 +141,114 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         return;
     }
 
+{% if pipelined %}
+    // Consumers. Software-pipelined by one tile: while the tensor cores run
+    // S(it) = Q K(it)^T and O += P(it-1) V(it-1), the warpgroup waits only
+    // for S(it), then does tile it's softmax as the P V product finishes.
+    regs_claim<{{ consumer_regs }}>();
+    const int cw = wg - 1;
+    const int warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int row0 = m0 + cw * 64 + warp * 16 + g;       // this thread's first row (and row0 + 8)
+
+    float acc_o[DV / 8][4];
+    float row_max[1][2] = {{ "{{" }}NEG_INF, NEG_INF{{ "}}" }}, row_sum[1][2] = {{ "{{" }}0.f, 0.f{{ "}}" }};
+#pragma unroll
+    for (int j = 0; j < DV / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[j][e] = 0.f;
+    float acc_s[1][BLOCK_N / 8][4];
+    unsigned pa[BLOCK_N / 16][4];                        // P of the previous tile, the A operand of P V
+
+    const unsigned q_rows = sQ + cw * 64 * 128;          // this warpgroup's 64 rows in each chunk
+    auto issue_qk = [&](int s) {
+#pragma unroll
+        for (int ks = 0; ks < QK_KSTEPS; ++ks) {
+            const unsigned in_chunk = (ks % 4) * 32;
+            wgmma_qk(acc_s[0],
+                     sw128_desc(q_rows + (ks / 4) * BLOCK_M * 128 + in_chunk, 16),
+                     sw128_desc(sK + s * K_BYTES + (ks / 4) * BLOCK_N * 128 + in_chunk, 16),
+                     ks > 0);
+        }
+        wgmma_commit();
+    };
+    auto issue_pv = [&](int s) {
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+            wgmma_pv(acc_o, pa[kk], sw128_desc(sV + s * V_BYTES + kk * 16 * 128, BLOCK_N * 128));
+        wgmma_commit();
+    };
+    // Scale (and softcap) into the log2 domain, mask edge tiles, online
+    // softmax; returns the rescale factors of O in `alpha`.
+    auto softmax_tile = [&](int n0, float (&alpha)[1][2]) {
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if constexpr (SOFTCAP) acc_s[0][j][e] = p.softcap_post * fast_tanh(acc_s[0][j][e] * p.softcap_pre);
+                else acc_s[0][j][e] *= p.scale_log2;
+            }
+        const bool edge = (n0 + BLOCK_N > sk) || (MASK_KIND != 0 &&
+            (win.key_lo(last_row) > n0 || win.key_hi(m0) < n0 + BLOCK_N - 1));
+        if (edge) apply_mask<1, BLOCK_N>(acc_s, win, row0, n0 + 2 * t);
+        online_softmax<1, BLOCK_N / 8>(acc_s, row_max, row_sum, alpha);
+    };
+    // P as bf16/f16 A fragments: the S accumulator of two n-tiles is the A
+    // fragment of one k-step.
+    auto pack_p = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+            pa[kk][0] = pack2(acc_s[0][2 * kk][0], acc_s[0][2 * kk][1]);
+            pa[kk][1] = pack2(acc_s[0][2 * kk][2], acc_s[0][2 * kk][3]);
+            pa[kk][2] = pack2(acc_s[0][2 * kk + 1][0], acc_s[0][2 * kk + 1][1]);
+            pa[kk][3] = pack2(acc_s[0][2 * kk + 1][2], acc_s[0][2 * kk + 1][3]);
+        }
+    };
+    auto release = [&](int s) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(kv_empty(s));         // this warp is done with stage s
+    };
+
+    if (n_tiles > 0) {
+        mbar_wait(bar_q, 0);
+        mbar_wait(k_full(0), 0);
+        wgmma_fence();
+        issue_qk(0);
+        wgmma_wait<0>();
+        float alpha[1][2];
+        softmax_tile(n_begin, alpha);                    // O is still zero: alpha unused
+        pack_p();
+    }
+    for (int it = 1; it < n_tiles; ++it) {
+        const int s = it % STAGES, prev = (it - 1) % STAGES;
+        mbar_wait(k_full(s), (it / STAGES) & 1);
+        wgmma_fence();
+        issue_qk(s);
+        mbar_wait(v_full(prev), ((it - 1) / STAGES) & 1);
+        issue_pv(prev);
+        wgmma_wait<1>();                                 // S(it) ready; P V may still run
+        float alpha[1][2];
+        softmax_tile(n_begin + it * BLOCK_N, alpha);
+        wgmma_wait<0>();                                 // P(it-1) V(it-1) done
+        release(prev);
+#pragma unroll
+        for (int j = 0; j < DV / 8; ++j) {
+            acc_o[j][0] *= alpha[0][0];
+            acc_o[j][1] *= alpha[0][0];
+            acc_o[j][2] *= alpha[0][1];
+            acc_o[j][3] *= alpha[0][1];
+        }
+        pack_p();
+    }
+    if (n_tiles > 0) {
+        const int last = (n_tiles - 1) % STAGES;
+        mbar_wait(v_full(last), ((n_tiles - 1) / STAGES) & 1);
+        wgmma_fence();
+        issue_pv(last);
+        wgmma_wait<0>();
+        release(last);
+    }
+
+{% else %}
     // Consumers.
     regs_claim<{{ consumer_regs }}>();
     const int cw = wg - 1;
@@ -219,6 +328,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (lane == 0) mbar_arrive(kv_empty(s));         // this warp is done with stage s
     }
 
+{% endif %}
     // Epilogue: normalize, write O (elements) and LSE (f32, natural log).
     elem_t* gO = p.o + b * p.o_sb + (long long)q_off * p.o_ss + h * p.o_sh;
     float* gL = p.lse + b * p.lse_sb + h * p.lse_sh + q_off;

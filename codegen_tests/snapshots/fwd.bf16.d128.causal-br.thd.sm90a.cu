@@ -4,7 +4,8 @@
 // completion on mbarriers); 2 consumer warpgroups own 64 query rows each and
 // run S = QK^T (wgmma, both operands in shared memory), the online softmax in
 // registers, and O += PV (wgmma, P from registers, V read transposed).
-// Plan: block_m=128 block_n=128 stages=2 registers 24/240.
+// Plan: block_m=128 block_n=128 stages=2 registers 24/240
+// consumer loop: one tile at a time (the two consumer warpgroups overlap each other).
 // Do not edit: rendered by attnforge from templates/fwd_sm90a.cu.
 
 constexpr int CONSUMERS = 2;           // consumer warpgroups
@@ -420,6 +421,7 @@ attnforge_fwd_bf16_d128_causal_br_thd_sm90a(const __grid_constant__ FwdParams p,
         return;
     }
 
+
     // Consumers.
     regs_claim<240>();
     const int cw = wg - 1;
@@ -498,6 +500,7 @@ attnforge_fwd_bf16_d128_causal_br_thd_sm90a(const __grid_constant__ FwdParams p,
         __syncwarp();
         if (lane == 0) mbar_arrive(kv_empty(s));         // this warp is done with stage s
     }
+
 
     // Epilogue: normalize, write O (elements) and LSE (f32, natural log).
     elem_t* gO = p.o + b * p.o_sb + (long long)q_off * p.o_ss + h * p.o_sh;
