@@ -994,8 +994,8 @@ def _fast_sdpa(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any, is_causal
         if key[10] != dev or key[11] != dev:
             return None  # the custom-op path names the device mismatch
         e = _fast_plan(q, k, v, key[12], scale, key[14], grad, key[16], _cc(dev), dev)
-        if len(_FAST) >= _FAST_MAX:
-            _FAST.clear()
+        if len(_FAST) >= _FAST_MAX or (_FAST and next(iter(_FAST))[17] != key[17]):
+            _FAST.clear()  # full, or the policy changed: the old entries cannot be hit again
         _FAST[key] = e
     if e is None:
         return None
