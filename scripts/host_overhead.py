@@ -5,8 +5,9 @@ generated kernels; torch's as fallbacks), as the GPU tests.
 
 Rows: no-grad forward; forward with inputs requiring grad (builds the
 autograd graph); a training step (forward + backward); the custom op alone
-(what torch.compile runs, and what every eager call paid before the fast
-path); the allocation floor (two torch.empty_strided).
+(what torch.compile graphs contain, and what every eager call paid before
+the fast path) and the custom op with its autograd formula (the eager
+training path before); the allocation floor (two torch.empty_strided).
 
     python3 scripts/host_overhead.py [--profile]
 """
@@ -61,7 +62,7 @@ def main():
         ("fwd+bwd", "attnforge scaled_dot_product_attention", step(at.scaled_dot_product_attention)),
         ("no grad", "torch.ops.attnforge.sdpa_fwd (custom op)", lambda: torch.ops.attnforge.sdpa_fwd(
             q, k, v, None, None, 128, 128, 0.0, "causal-tl", -1, -1, 0.0)),
-        ("fwd+bwd", "custom op + autograd (the compiled path)", lambda: torch.autograd.grad(
+        ("fwd+bwd", "custom op + its autograd (eager path before)", lambda: torch.autograd.grad(
             torch.ops.attnforge.sdpa_fwd(qg, kg, vg, None, None, 128, 128, 0.0, "causal-tl", -1, -1, 0.0)[0],
             (qg, kg, vg), dout)),
         ("floor", "torch.empty_strided x2 (O, LSE)", lambda: (

@@ -24,6 +24,10 @@ implementation (``attnforge._reference``), which also makes ``opcheck`` and
 Memory comes from torch's caching allocator (outputs and the backward's
 workspace are ``torch.empty``); launches go to
 ``torch.cuda.current_stream(device)``, so CUDA-graph capture records them.
+
+Eager calls of :func:`scaled_dot_product_attention` on plain CUDA tensors take
+a fast path without the custom-op dispatch (see "The eager fast path" below);
+torch.compile, export and anything unusual use the custom ops.
 """
 
 import contextlib
