@@ -1,6 +1,14 @@
 """Host time per eager call of the torch front end, layer by layer, next to
 torch SDPA in the same process (GPU machine). A tiny problem so that the GPU
-never limits the loop; best of 5 rounds of n calls.
+never limits the loop; best of 5 rounds of n calls. Policy: ours first (the
+generated kernels; torch's as fallbacks), as the GPU tests.
+
+Rows: no-grad forward; forward with inputs requiring grad (builds the
+autograd graph); a training step (forward + backward); the custom op alone
+(what torch.compile graphs contain, and what every eager call paid before
+the fast path) and the custom op with its autograd formula (the eager
+training path before); the allocation floor (two torch.empty_strided).
+
     python3 scripts/host_overhead.py [--profile]
 """
 import cProfile
@@ -31,16 +39,39 @@ def per_call(fn, n=400):
 
 def main():
     attnforge.set_policy(fwd="generated,torch-cudnn,torch-flash", bwd="generated,torch-cudnn,torch-flash")
-    q, k, v = (torch.randn(1, 8, 128, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    shape = (1, 8, 128, 64)
+    q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    dout = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+    def step(sdpa):
+        def run():
+            out = sdpa(qg, kg, vg, is_causal=True)
+            torch.autograd.grad(out, (qg, kg, vg), dout)
+        return run
+
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, attnforge {attnforge.__version__}, "
+          f"problem {'x'.join(map(str, shape))} bf16 causal, policy {attnforge.policy()}")
+    print(f"decision: {attnforge.decide(dtype='bf16', head_dim=64, heads=8, seqlen_q=128, causal=True, requires_grad=True, arch='%d.%d' % torch.cuda.get_device_capability())[:2]}")
     rows = [
-        ("torch F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
-        ("attnforge scaled_dot_product_attention", lambda: at.scaled_dot_product_attention(q, k, v, is_causal=True)),
-        ("torch.ops.attnforge.sdpa_fwd", lambda: torch.ops.attnforge.sdpa_fwd(q, k, v, None, None, 128, 128, 0.0,
-                                                                              "causal-tl", -1, -1, 0.0)),
-        ("torch.empty_like x2 (allocation floor)", lambda: (torch.empty_like(q), torch.empty_like(q))),
+        ("no grad", "torch F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+        ("no grad", "attnforge scaled_dot_product_attention", lambda: at.scaled_dot_product_attention(q, k, v, is_causal=True)),
+        ("grad fwd", "torch F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True)),
+        ("grad fwd", "attnforge scaled_dot_product_attention", lambda: at.scaled_dot_product_attention(qg, kg, vg, is_causal=True)),
+        ("fwd+bwd", "torch F.scaled_dot_product_attention", step(F.scaled_dot_product_attention)),
+        ("fwd+bwd", "attnforge scaled_dot_product_attention", step(at.scaled_dot_product_attention)),
+        ("no grad", "torch.ops.attnforge.sdpa_fwd (custom op)", lambda: torch.ops.attnforge.sdpa_fwd(
+            q, k, v, None, None, 128, 128, 0.0, "causal-tl", -1, -1, 0.0)),
+        ("fwd+bwd", "custom op + its autograd (eager path before)", lambda: torch.autograd.grad(
+            torch.ops.attnforge.sdpa_fwd(qg, kg, vg, None, None, 128, 128, 0.0, "causal-tl", -1, -1, 0.0)[0],
+            (qg, kg, vg), dout)),
+        ("floor", "torch.empty_strided x2 (O, LSE)", lambda: (
+            torch.empty_strided(shape, (65536, 8192, 64, 1), dtype=torch.bfloat16, device=q.device),
+            torch.empty_strided(shape[:3], (1024, 128, 1), dtype=torch.float32, device=q.device))),
     ]
-    for name, fn in rows:
-        print(f"{name:45s} {per_call(fn):8.1f} us")
+    for mode, name, fn in rows:
+        print(f"{mode:9s} {name:45s} {per_call(fn):8.1f} us")
+    print(f"fast-path entries: {len(at._FAST)}; {next(iter(at._FAST.values()), None)!r}")
     if "--profile" in sys.argv:
         pr = cProfile.Profile()
         pr.enable()
@@ -48,7 +79,7 @@ def main():
             at.scaled_dot_product_attention(q, k, v, is_causal=True)
         pr.disable()
         torch.cuda.synchronize()
-        pstats.Stats(pr).sort_stats("tottime").print_stats(35)
+        pstats.Stats(pr).sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,10 @@ implementation (``attnforge._reference``), which also makes ``opcheck`` and
 Memory comes from torch's caching allocator (outputs and the backward's
 workspace are ``torch.empty``); launches go to
 ``torch.cuda.current_stream(device)``, so CUDA-graph capture records them.
+
+Eager calls of :func:`scaled_dot_product_attention` on plain CUDA tensors take
+a fast path without the custom-op dispatch (see "The eager fast path" below);
+torch.compile, export and anything unusual use the custom ops.
 """
 
 import contextlib
@@ -212,10 +216,13 @@ def _problem(
     softcap: float,
     requires_grad: bool,
     deterministic: bool,
+    cc: Optional[Tuple[int, int]] = None,
 ) -> Tuple[Any, ...]:
-    """The core's hot-path problem tuple for real (CUDA) tensors."""
+    """The core's hot-path problem tuple for real (CUDA) tensors (``cc``:
+    the device's compute capability, looked up when not given)."""
     thd = cu_q is not None
-    cc = _cc(_device_index(q))
+    if cc is None:
+        cc = _cc(_device_index(q))
     if thd:
         batch, (tq, hq, dqk), (tk, hkv, dv) = cu_q.shape[0] - 1, q.shape, v.shape
         sq, sk = max_sq, max_sk
@@ -745,6 +752,265 @@ sdpa_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ---------------------------------------------------------------------------
+# The eager fast path
+# ---------------------------------------------------------------------------
+#
+# An eager call on plain CUDA tensors skips torch.library's custom-op dispatch
+# (which dominated the host time: ~100 us of the ~140 us per call) and the
+# per-call checks and decisions, which depend only on the call's signature:
+# everything constant for (shapes, strides, dtypes, devices, mask, scale,
+# enable_gqa, grad needed, deterministic mode, policy epoch) is computed once
+# and kept in a _FastEntry: the checks, the routes, the problem tuple, the
+# output/LSE layouts and, for the generated forward, a Rust handle
+# (`_core.FwdLaunch`) holding the resolved kernel and its strides. A call is
+# then: the eligibility checks, the key, a dict lookup, a 16-byte alignment
+# check of the data pointers, two torch.empty_strided, one Rust call with the
+# pointers and torch's raw current stream. With autograd, a
+# torch.autograd.Function saves the same backend-neutral context as the custom
+# op's formula and runs the backward chosen by the dispatcher directly.
+# Anything unusual (tracing/compiling, tensor subclasses, FakeTensors, modes,
+# functorch transforms, another current device, 3-D/5-D inputs, attn_mask,
+# dropout, misaligned pointers, strides the kernels cannot read in place,
+# empty problems, errors) takes the custom-op path, which handles or reports it.
+
+_is_compiling = torch.compiler.is_compiling
+_torch_function_mode_on = torch._C._is_torch_function_mode_enabled
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_functorch_on = torch._C._are_functorch_transforms_active
+_grad_on = torch.is_grad_enabled
+_deterministic_on = torch.are_deterministic_algorithms_enabled
+_empty_strided = torch.empty_strided
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_cuda_current_device = getattr(torch._C, "_cuda_getDevice", None)
+_PLAIN = torch.Tensor
+_NO_WINDOW = (-1, -1)
+_F32 = torch.float32
+
+#: Fast-path entries by call signature (None: that signature takes the custom-op path).
+_FAST: Dict[Tuple[Any, ...], Optional["_FastEntry"]] = {}
+_FAST_MAX = 1024
+_MISS = object()
+
+
+def _why_not_fast(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any) -> Optional[str]:
+    """Why a :func:`scaled_dot_product_attention` call takes the custom-op
+    path instead of the eager fast path; ``None`` when it may take the fast
+    path (its signature is then judged once, by :func:`_fast_plan`)."""
+    if _is_compiling():
+        return "tracing/compiling: torch.compile and export see the custom op"
+    if attn_mask is not None:
+        return "attn_mask: torch's SDPA pinned to the chosen backend"
+    if dropout_p != 0.0:
+        return "dropout: torch's SDPA pinned to the chosen backend"
+    if type(q) is not _PLAIN or type(k) is not _PLAIN or type(v) is not _PLAIN:
+        return "not plain tensors (a subclass, Parameter or FakeTensor)"
+    if _torch_function_mode_on():
+        return "a TorchFunctionMode is active"
+    if _dispatch_modes():
+        return "a TorchDispatchMode is active"
+    if _functorch_on():
+        return "a functorch transform (vmap, grad, jvp, functionalize) is active"
+    if q.dim() != 4:
+        return "not 4-D (BHSD)"
+    if not q.is_cuda:
+        return "not on a CUDA device"
+    if q.get_device() != _cuda_current_device():
+        return "q is not on torch's current CUDA device"
+    return None
+
+
+def _fast_key(q: Tensor, k: Tensor, v: Tensor, is_causal: Any, scale: Any, enable_gqa: Any,
+              grad: bool) -> Tuple[Any, ...]:
+    """The call signature: everything a fast-path entry depends on."""
+    return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+            q.get_device(), k.get_device(), v.get_device(), True if is_causal else False, scale,
+            True if enable_gqa else False, grad, _deterministic_on(), _core.policy_epoch())
+
+
+def _like_layout(shape: Tuple[int, ...], stride: Tuple[int, ...], last: int) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+    """(size, stride) of :func:`_alloc_like`'s result for a tensor of this
+    shape and stride (a test compares the two)."""
+    n = len(shape)
+    order = sorted(range(n - 1), key=lambda d: (-stride[d], d))
+    out_stride = [0] * n
+    out_stride[n - 1] = 1
+    acc = last
+    for d in reversed(order):
+        out_stride[d] = acc
+        acc *= shape[d]
+    return tuple(shape[:-1]) + (last,), tuple(out_stride)
+
+
+def _strides_bsh(shape: Tuple[int, ...], stride: Tuple[int, ...]) -> Tuple[int, int, int]:
+    """(batch, seq, head) strides of a BHSD tensor as :func:`_targ` passes them."""
+    return tuple(0 if shape[d] == 1 else int(stride[d]) for d in (0, 2, 1))
+
+
+def _in_place_ok(t: Tensor) -> bool:
+    """The strides rule of :func:`_kernel_ready` (the pointer is checked per call)."""
+    if t.stride(-1) != 1:
+        return False
+    return all(t.shape[d] == 1 or t.stride(d) % 8 == 0 for d in range(t.dim() - 1))
+
+
+class _FastEntry:
+    """What the eager fast path keeps for one call signature."""
+
+    __slots__ = ("fwd", "handle", "prob", "device", "index", "dtype", "out", "lse", "grads", "sq", "sk", "scale",
+                 "scale_arg", "mask", "bwd")
+
+    def __repr__(self) -> str:
+        spec = f" {self.handle.spec}" if self.handle is not None else ""
+        return f"<attnforge fast path: fwd {self.fwd}{spec}, O {self.out}, LSE {self.lse}>"
+
+
+def _fast_plan(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: Optional[float], enable_gqa: bool,
+               grad: bool, deterministic: bool, cc: Tuple[int, int], device: int) -> Optional[_FastEntry]:
+    """The fast-path entry of a 4-D call signature, or ``None`` when it takes
+    the custom-op path (which then raises, refuses or handles it: the same
+    checks and decisions as there, made once). ``cc``/``device``: the
+    device's compute capability and index."""
+    if q.shape[1] != k.shape[1] and not enable_gqa:
+        return None
+    if q.dtype not in _GPU_DTYPES or k.dim() != 4 or v.dim() != 4:
+        return None
+    mask = "causal-tl" if is_causal else "none"
+    s = float(scale) if scale is not None else 0.0
+    try:
+        _check(q, k, v, None, None, mask, _NO_WINDOW, 0.0, s)
+    except ValueError:
+        return None
+    if q.numel() == 0 or _no_keys(k, False):
+        return None
+    if not (_in_place_ok(q) and _in_place_ok(k) and _in_place_ok(v)):
+        return None
+    sq, sk = q.shape[2], k.shape[2]
+    resolved = _resolve_scale(s, q)
+    try:
+        # The refusal check of the custom-op path (grad and deterministic
+        # mode as in the call), then the forward it runs (decided without).
+        fwd_r, bwd_r, _ = _core.decide(_problem(q, k, v, None, None, sq, sk, resolved, mask, _NO_WINDOW, 0.0, grad,
+                                                deterministic, cc))
+        prob = _problem(q, k, v, None, None, sq, sk, resolved, mask, _NO_WINDOW, 0.0, False, False, cc)
+        fwd, _, _ = _core.decide(prob)
+    except (ValueError, NotImplementedError):
+        return None
+    if fwd_r is None or (grad and bwd_r is None) or fwd is None:
+        return None
+    if fwd != "generated" and fwd not in _FWD:
+        return None
+    e = _FastEntry()
+    e.fwd = fwd
+    e.handle = None
+    if fwd == "generated":
+        _ensure_nvrtc()
+        o = _like_layout(tuple(q.shape), q.stride(), v.shape[-1])
+        try:
+            e.handle = _core.FwdLaunch(prob, _strides_bsh(q.shape, q.stride()), _strides_bsh(k.shape, k.stride()),
+                                       _strides_bsh(v.shape, v.stride()), _strides_bsh(*o), device)
+        except (ValueError, NotImplementedError):
+            return None
+    e.prob = prob
+    e.index = device
+    e.device = torch.device("cuda", device)
+    e.dtype = q.dtype
+    e.out = _like_layout(tuple(q.shape), q.stride(), v.shape[-1])
+    e.lse = ((q.shape[0], q.shape[1], sq), (q.shape[1] * sq, sq, 1))
+    e.grads = tuple(_like_layout(tuple(t.shape), t.stride(), t.shape[-1]) for t in (q, k, v))
+    e.sq, e.sk = sq, sk
+    e.scale = resolved
+    e.scale_arg = s
+    e.mask = mask
+    e.bwd = {}
+    return e
+
+
+def _fwd_generated_fast(e: _FastEntry, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor) -> None:
+    e.handle.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), 0, 0, _raw_stream(e.index))
+
+
+def _fast_forward(e: _FastEntry, q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
+    out = _empty_strided(e.out[0], e.out[1], dtype=e.dtype, device=e.device)
+    lse = _empty_strided(e.lse[0], e.lse[1], dtype=_F32, device=e.device)
+    if e.handle is not None:
+        _fwd_generated_fast(e, q, k, v, out, lse)
+    else:
+        _FWD[e.fwd](e.prob, q, k, v, None, None, out, lse, False, e.sq, e.sk, e.scale, e.mask, _NO_WINDOW)
+    return out, lse
+
+
+def _fast_backward(e: _FastEntry, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                   lse: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """The body of ``attnforge::sdpa_bwd`` for a fast-path forward: the
+    backward the dispatcher chooses (deterministic mode as it is now), on the
+    forward's context, producer = the forward's backend."""
+    det = _deterministic_on()
+    b = e.bwd.get(det)
+    if b is None:
+        prob = _problem(q, k, v, None, None, e.sq, e.sk, e.scale, e.mask, _NO_WINDOW, 0.0, True, det,
+                        (e.prob[-2], e.prob[-1]))
+        _, name, why = _core.decide(prob)
+        if name is None:
+            raise NotImplementedError(f"attnforge: {why['bwd']}")
+        b = e.bwd[det] = (prob, name)
+    prob, name = b
+    run = _BWD.get(name)
+    if run is None:
+        raise NotImplementedError(f"attnforge: the torch front end cannot execute backward backend `{name}`")
+    (qs, qt), (ks, kt), (vs, vt) = e.grads
+    dq = _empty_strided(qs, qt, dtype=e.dtype, device=e.device)
+    dk = _empty_strided(ks, kt, dtype=e.dtype, device=e.device)
+    dv = _empty_strided(vs, vt, dtype=e.dtype, device=e.device)
+    return run(prob, e.fwd, dout, q, k, v, out, lse, None, None, dq, dk, dv, False, e.sq, e.sk, e.scale, e.mask,
+               _NO_WINDOW)
+
+
+class _FastAttention(torch.autograd.Function):
+    """The eager fast path with autograd: the custom op's formula without the
+    custom-op dispatch."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, e: _FastEntry) -> Tensor:
+        out, lse = _fast_forward(e, q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.entry = e
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, dout: Tensor) -> Tuple[Optional[Tensor], ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        e = ctx.entry
+        dq, dk, dv = _fast_backward(e, dout, q, k, v, out, lse)
+        return dq, dk, dv, None
+
+
+def _fast_sdpa(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any, is_causal: Any, scale: Any,
+               enable_gqa: Any) -> Optional[Tensor]:
+    """O by the eager fast path, or ``None``: the call takes the custom-op path."""
+    if _why_not_fast(q, k, v, attn_mask, dropout_p) is not None:
+        return None
+    grad = _grad_on() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    key = _fast_key(q, k, v, is_causal, scale, enable_gqa, grad)
+    e = _FAST.get(key, _MISS)
+    if e is _MISS:
+        dev = key[9]
+        if key[10] != dev or key[11] != dev:
+            return None  # the custom-op path names the device mismatch
+        e = _fast_plan(q, k, v, key[12], scale, key[14], grad, key[16], _cc(dev), dev)
+        if len(_FAST) >= _FAST_MAX or (_FAST and next(iter(_FAST))[17] != key[17]):
+            _FAST.clear()  # full, or the policy changed: the old entries cannot be hit again
+        _FAST[key] = e
+    if e is None:
+        return None
+    if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
+        return None  # the custom-op path copies what the kernels cannot read in place
+    if grad:
+        return _FastAttention.apply(q, k, v, e)
+    return _fast_forward(e, q, k, v)[0]
+
+
+# ---------------------------------------------------------------------------
 # Public functions
 # ---------------------------------------------------------------------------
 
@@ -849,7 +1115,14 @@ def scaled_dot_product_attention(
     dispatcher picks (cuDNN / flash). What no backend supports raises
     ``NotImplementedError`` naming the reason; bad inputs raise ``ValueError``.
     CPU tensors use the math implementation.
+
+    Eager calls on plain CUDA tensors take a fast path that skips the custom
+    op's dispatch (same checks, decisions and kernels, cached per call
+    signature); see the module's notes on the eager fast path.
     """
+    out = _fast_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if out is not None:
+        return out
     try:
         return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     except _Refused as r:
@@ -913,6 +1186,9 @@ def intercept(*, strict: bool = False) -> Iterator[None]:
     """
 
     def patched(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        out = _fast_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        if out is not None:
+            return out
         try:
             return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         except _Refused as r:

@@ -15,14 +15,16 @@
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use attnforge::dispatch::{
-    BwdCall, ComputeCapability, DirDecision, DispatchError, Dispatcher, ElemType, FwdCall, FwdContext, Policy, Problem,
-    Support, Verdict, Workspace, GENERATED,
+    BwdCall, ComputeCapability, DirDecision, DispatchError, Dispatcher, ElemType, FwdCall, FwdContext,
+    GeneratedBackend, Policy, Problem, Support, Verdict, Workspace, GENERATED,
 };
-use attnforge::launch::{self, LaunchError, TensorArg};
-use attnforge::spec::{Direction, Layout, Mask};
+use attnforge::launch::{self, LaunchError, LoadedKernel, TensorArg};
+use attnforge::spec::{AttnSpec, Direction, Layout, Mask};
+use attnforge::Jit;
 use cudarc::driver::{result, sys};
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -449,6 +451,161 @@ fn device_index(device: i64) -> PyResult<i32> {
     i32::try_from(device).map_err(|_| value_error(format!("device index {device} is not valid")))
 }
 
+/// The CUDA context current on this thread, if any (one driver call; only
+/// asked once the driver has loaded a kernel).
+fn current_context() -> Option<usize> {
+    result::ctx::get_current().ok().flatten().map(|c| c as usize)
+}
+
+/// A generated forward resolved once for one problem signature (the eager
+/// fast path of `attnforge.torch` keeps one per signature): the validated
+/// problem, the dispatcher's support (spec), the strides of q, k, v and O,
+/// the device, and, after the first launch, the kernel loaded in the current
+/// CUDA context. A call passes only the data pointers and the stream;
+/// `launch::launch_fwd` still checks every argument (`check_fwd`: null and
+/// 16-byte alignment of each pointer included) before the driver launches.
+#[pyclass(frozen, module = "attnforge._core")]
+struct FwdLaunch {
+    problem: Problem,
+    support: Support,
+    spec: AttnSpec,
+    /// (batch, seq, head) strides in elements of q, k, v, O.
+    strides: [(i64, i64, i64); 4],
+    ordinal: i32,
+    /// (CUDA context, module) of the last launch through the dispatcher.
+    loaded: Mutex<Option<(usize, Arc<LoadedKernel>)>>,
+}
+
+impl FwdLaunch {
+    #[allow(clippy::too_many_arguments)]
+    fn call(&self, q: u64, k: u64, v: u64, o: u64, lse: u64, cu_q: u64, cu_k: u64, stream: u64) -> FwdCall {
+        let t = |ptr: u64, s: (i64, i64, i64)| TensorArg {
+            ptr,
+            stride_batch: s.0,
+            stride_seq: s.1,
+            stride_head: s.2,
+        };
+        let s = &self.strides;
+        let mut call = FwdCall::new(self.problem, t(q, s[0]), t(k, s[1]), t(v, s[2]), t(o, s[3]), lse);
+        call.cu_seqlens_q = opt_ptr(cu_q);
+        call.cu_seqlens_k = opt_ptr(cu_k);
+        call.stream = stream as usize;
+        call
+    }
+
+    fn launch(&self, call: &FwdCall) -> Result<(), DispatchError> {
+        let cached = self.loaded.lock().ok().and_then(|g| g.clone());
+        if let Some((ctx, kernel)) = cached {
+            if current_context() == Some(ctx) {
+                let args = GeneratedBackend::fwd_args(call);
+                // SAFETY: the caller passes device pointers of this context
+                // (torch tensors of the handle's device, whose context is
+                // current) sized for the handle's shapes and strides, and a
+                // stream of that context; `launch_fwd` checks every argument
+                // (`check_fwd`) before it launches.
+                unsafe { launch::launch_fwd(&kernel, &args, call.stream as sys::CUstream)? };
+                return Ok(());
+            }
+        }
+        // First call, or another context current: the dispatcher's path
+        // (argument check, compile or cache, module load), then remember the
+        // module for this context.
+        bind_device(self.ordinal)?;
+        let backend = dispatcher()
+            .backend(GENERATED)
+            .ok_or(DispatchError::DirectionUnsupported {
+                backend: GENERATED,
+                direction: Direction::Fwd,
+            })?;
+        backend.call_fwd(call, &self.support)?;
+        if let Some(kernel) = Jit::global().memo_get(&self.spec) {
+            if let (Ok(loaded), Some(ctx)) = (launch::load(&kernel), current_context()) {
+                if let Ok(mut g) = self.loaded.lock() {
+                    *g = Some((ctx, loaded));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl FwdLaunch {
+    /// `FwdLaunch(problem, q_strides, k_strides, v_strides, o_strides, device)`:
+    /// strides are (batch, seq, head) in elements. Raises what `fwd` would
+    /// for a problem or strides the generated forward cannot take.
+    #[new]
+    fn new(
+        problem: &Bound<'_, PyAny>,
+        q_strides: (i64, i64, i64),
+        k_strides: (i64, i64, i64),
+        v_strides: (i64, i64, i64),
+        o_strides: (i64, i64, i64),
+        device: i64,
+    ) -> PyResult<Self> {
+        guarded(|| {
+            let p = problem_of(problem)?;
+            p.validate().map_err(|e| value_error(e.to_string()))?;
+            let support = generated_support(&p, Direction::Fwd)?;
+            let spec = support.spec.ok_or_else(|| {
+                PyNotImplementedError::new_err("the generated forward has no kernel for this problem")
+            })?;
+            let h = FwdLaunch {
+                problem: p,
+                support,
+                spec,
+                strides: [q_strides, k_strides, v_strides, o_strides],
+                ordinal: device_index(device)?,
+                loaded: Mutex::new(None),
+            };
+            // The problem and strides against the kernel's plan, with
+            // stand-in aligned pointers: what cannot change between calls is
+            // refused here, once (cu_seqlens stand in for THD).
+            let plan =
+                attnforge::plan(&spec).map_err(|e| PyNotImplementedError::new_err(format!("{spec}: {}", e.reason)))?;
+            let thd = p.layout == Layout::Thd;
+            let cu = if thd { 0x1000 } else { 0 };
+            let call = h.call(0x1000, 0x1000, 0x1000, 0x1000, 0x1000, cu, cu, 0);
+            launch::check_fwd(&plan, &GeneratedBackend::fwd_args(&call)).map_err(launch_err)?;
+            Ok(h)
+        })
+    }
+
+    /// Launch on `stream` (a `CUstream` handle): O and the f32 LSE into
+    /// caller-allocated memory at the given device pointers.
+    #[pyo3(signature = (q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, stream))]
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        py: Python<'_>,
+        q: u64,
+        k: u64,
+        v: u64,
+        o: u64,
+        lse: u64,
+        cu_seqlens_q: u64,
+        cu_seqlens_k: u64,
+        stream: u64,
+    ) -> PyResult<()> {
+        guarded(|| {
+            let call = self.call(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, stream);
+            py.detach(|| self.launch(&call)).map_err(py_err)
+        })
+    }
+
+    /// The kernel's spec, e.g. `fwd.bf16.d64.causal-tl.dense.sm90a`.
+    #[getter]
+    fn spec(&self) -> String {
+        self.spec.to_string()
+    }
+
+    /// Whether a module is remembered for a CUDA context (after a launch).
+    #[getter]
+    fn loaded(&self) -> bool {
+        self.loaded.lock().map(|g| g.is_some()).unwrap_or(false)
+    }
+}
+
 /// The dispatcher's explanation of a problem (no GPU needed).
 #[pyfunction]
 fn explain(problem: &Bound<'_, PyAny>) -> PyResult<String> {
@@ -656,8 +813,19 @@ fn set_policy(fwd: Option<&str>, bwd: Option<&str>, debug: bool) -> PyResult<()>
             }
         }
         d.set_policy(policy);
+        POLICY_EPOCH.fetch_add(1, Ordering::Release);
         Ok(())
     })
+}
+
+/// Bumped by every [`set_policy`]: the Python eager fast path keys its cache
+/// of decisions on it, so a policy change is never served a stale route.
+static POLICY_EPOCH: AtomicU64 = AtomicU64::new(0);
+
+/// How many times the policy was set in this process (see [`set_policy`]).
+#[pyfunction]
+fn policy_epoch() -> u64 {
+    POLICY_EPOCH.load(Ordering::Acquire)
 }
 
 /// The policy in effect, as `fwd=... bwd=...`.
@@ -684,6 +852,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_policy, m)?)?;
     m.add_function(wrap_pyfunction!(policy, m)?)?;
     m.add_function(wrap_pyfunction!(driver_available, m)?)?;
+    m.add_function(wrap_pyfunction!(policy_epoch, m)?)?;
+    m.add_class::<FwdLaunch>()?;
     m.add("PROBLEM_FIELDS", TUPLE_FIELDS.to_vec())?;
     m.add("FLAG_ATTN_MASK", FLAG_ATTN_MASK)?;
     m.add("FLAG_REQUIRES_GRAD", FLAG_REQUIRES_GRAD)?;

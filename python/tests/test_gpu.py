@@ -191,9 +191,21 @@ def test_mix_and_match_backends_per_direction(fwd, bwd, monkeypatch):
     for name, fn in list(at._BWD.items()):
         monkeypatch.setitem(at._BWD, name, spying("bwd", name, fn))
     monkeypatch.setattr(at, "_fwd_generated", spying("fwd", "generated", at._fwd_generated))
+    monkeypatch.setattr(at, "_fwd_generated_fast", spying("fwd", "generated", at._fwd_generated_fast))
     q, k, v = (make(2, 8, 512, 128, torch.bfloat16, "bshd") for _ in range(3))
     check_against_math(q, k, v, torch.bfloat16, is_causal=True)
     assert calls == [("fwd", fwd), ("bwd", bwd)], calls
+    # The same through the custom op (what torch.compile runs): the same backends, the same numbers.
+    calls.clear()
+    out = at.scaled_dot_product_attention(q, k, v, is_causal=True)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    op_out, _ = torch.ops.attnforge.sdpa_fwd(q, k, v, None, None, 512, 512, 0.0, "causal-tl", -1, -1, 0.0)
+    op_grads = torch.autograd.grad(op_out, (q, k, v), g)
+    assert calls == [("fwd", fwd), ("bwd", bwd)] * 2, calls
+    torch.testing.assert_close(out, op_out, atol=0, rtol=0)
+    for a, b in zip(grads, op_grads):  # the same kernels (fast-mode dQ accumulates in f32 atomics)
+        torch.testing.assert_close(a, b)
 
 
 def test_attn_mask_routes_to_cudnn_and_matches_math():
@@ -240,7 +252,7 @@ def test_deterministic_backward_is_bitwise_repeatable():
         assert torch.equal(a, b)
 
 
-def test_compile_forward_and_backward_no_graph_breaks():
+def test_compile_forward_and_backward_no_graph_breaks(monkeypatch):
     need_generated()
     from torch._dynamo.testing import CompileCounterWithBackend
 
@@ -249,12 +261,23 @@ def test_compile_forward_and_backward_no_graph_breaks():
     def f(q, k, v):
         return at.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
+    fast = []
+    real_fast = at._fwd_generated_fast
+
+    def spy_fast(*a):
+        fast.append(1)
+        return real_fast(*a)
+
+    monkeypatch.setattr(at, "_fwd_generated_fast", spy_fast)
     cf = torch.compile(f, backend=cnt, fullgraph=True, dynamic=True)
     for s in (256, 384):
         q, k, v = make(2, 8, s, 64, torch.bfloat16), make(2, 2, s, 64, torch.bfloat16), make(2, 2, s, 64,
                                                                                              torch.bfloat16)
         out = cf(q, k, v)
+        assert not fast, "compiled code runs the custom op, not the eager fast path"
         ref = f(q, k, v)
+        assert fast, "the eager call took the fast path"
+        fast.clear()
         torch.testing.assert_close(out, ref, atol=0, rtol=0)  # the same kernels
         g = torch.randn_like(out)
         for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
@@ -331,7 +354,14 @@ def test_intercept_on_a_transformer_block(compiled, monkeypatch):
         calls.append(1)
         return real(*a)
 
+    real_fast = at._fwd_generated_fast
+
+    def spy_fast(*a):
+        calls.append(1)
+        return real_fast(*a)
+
     monkeypatch.setattr(at, "_fwd_generated", spy)
+    monkeypatch.setattr(at, "_fwd_generated_fast", spy_fast)
     with at.intercept(strict=True):
         model = torch.compile(block, fullgraph=True) if compiled else block
         out = model(x)
@@ -342,34 +372,123 @@ def test_intercept_on_a_transformer_block(compiled, monkeypatch):
         assert rel(p.grad, g) < 5e-2
 
 
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_eager_fast_path_matches_the_custom_op_bitwise(layout, grad, monkeypatch):
+    need_generated()
+    taken = []
+    real_fast = at._fwd_generated_fast
+
+    def spy_fast(*a):
+        taken.append(1)
+        return real_fast(*a)
+
+    monkeypatch.setattr(at, "_fwd_generated_fast", spy_fast)
+    at._FAST.clear()
+    q, k, v = make(2, 8, 300, 64, torch.bfloat16, layout, grad), make(2, 2, 300, 64, torch.bfloat16, layout, grad), \
+        make(2, 2, 300, 64, torch.bfloat16, layout, grad)
+    for scale in (None, 0.07):
+        out = at.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, scale=scale)
+        assert taken, "the fast path ran"
+        taken.clear()
+        assert out.stride() == at._alloc_like(q, 64).stride(), "O laid out like q, as the custom op's"
+        ref, ref_lse = torch.ops.attnforge.sdpa_fwd(q, k, v, None, None, 300, 300, scale or 0.0, "causal-tl", -1, -1,
+                                                    0.0)
+        torch.testing.assert_close(out, ref, atol=0, rtol=0)
+        assert out.requires_grad == grad
+        if grad:
+            g = torch.randn_like(out)
+            # Deterministic mode: the same backward kernels are bitwise repeatable.
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            try:
+                got = torch.autograd.grad(out, (q, k, v), g)
+                want = torch.autograd.grad(ref, (q, k, v), g)
+            finally:
+                torch.use_deterministic_algorithms(False)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert len([key for key in at._FAST if key[0] == q.shape]) == 2, "one entry per scale"
+    # The same call again is an entry hit whose handle has the module loaded.
+    at.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert taken and all(e is None or e.handle is None or e.handle.loaded for e in at._FAST.values())
+
+
+def test_eager_fast_path_leaves_misaligned_and_unusual_inputs_to_the_custom_op(monkeypatch):
+    need_generated()
+    taken = []
+    real_fast = at._fwd_generated_fast
+
+    def spy_fast(*a):
+        taken.append(1)
+        return real_fast(*a)
+
+    monkeypatch.setattr(at, "_fwd_generated_fast", spy_fast)
+    buf = torch.randn(1, 8, 128, 72, device=DEV, dtype=torch.bfloat16)
+    q = buf[..., 4:68]  # row stride 72 (a multiple of 8) but the pointer is 8 bytes off
+    assert q.data_ptr() % 16 == 8
+    ref = at.scaled_dot_product_attention(q.contiguous(), q.contiguous(), q.contiguous(), is_causal=True)
+    assert taken
+    taken.clear()
+    out = at.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert not taken, "misaligned: the custom op copies"
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)
+    # Every input is checked, not only q.
+    c = q.contiguous()
+    out = at.scaled_dot_product_attention(c, c, q, is_causal=True)
+    assert not taken
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)
+    # A subclass, a 3-D call: the custom-op path, the same numbers.
+    sub = c.as_subclass(_Sub)
+    torch.testing.assert_close(at.scaled_dot_product_attention(sub, sub, sub, is_causal=True).as_subclass(torch.Tensor),
+                               ref, atol=0, rtol=0)
+    torch.testing.assert_close(at.scaled_dot_product_attention(c[0], c[0], c[0], is_causal=True), ref[0], atol=0,
+                               rtol=0)
+    assert not taken
+    # Errors stay the custom-op path's typed errors.
+    with pytest.raises(ValueError, match="heads"):
+        at.scaled_dot_product_attention(c, c[:, :3], c[:, :3], enable_gqa=True)
+    assert not taken
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
 def test_host_overhead_per_call_vs_torch_sdpa(record_property):
     need_generated()
     q, k, v = (make(1, 8, 128, 64, torch.bfloat16, grad=False) for _ in range(3))
+    qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
 
-    def per_call(fn, n=300):
+    def per_call(fn, args, n=300):
         for _ in range(20):
-            fn(q, k, v, is_causal=True)
+            fn(*args, is_causal=True)
         torch.cuda.synchronize()
         best = float("inf")
         for _ in range(5):
             t0 = time.perf_counter()
             for _ in range(n):
-                fn(q, k, v, is_causal=True)
+                fn(*args, is_causal=True)
             torch.cuda.synchronize()
             best = min(best, (time.perf_counter() - t0) / n)
         return best * 1e6
 
-    ours = per_call(at.scaled_dot_product_attention)
-    theirs = per_call(F.scaled_dot_product_attention)
+    ours = per_call(at.scaled_dot_product_attention, (q, k, v))
+    theirs = per_call(F.scaled_dot_product_attention, (q, k, v))
+    ours_g = per_call(at.scaled_dot_product_attention, (qg, kg, vg))
+    theirs_g = per_call(F.scaled_dot_product_attention, (qg, kg, vg))
     raw = per_call(lambda q, k, v, is_causal: torch.ops.attnforge.sdpa_fwd(q, k, v, None, None, 128, 128, 0.0,
-                                                                            "causal-tl", -1, -1, 0.0))
-    print(f"\nhost time per call (us, tiny problem, best of 5x300): attnforge {ours:.1f}, "
-          f"op only {raw:.1f}, torch SDPA {theirs:.1f}")
+                                                                            "causal-tl", -1, -1, 0.0), (q, k, v))
+    print(f"\nhost time per call (us, 1x8x128x64 bf16 causal, best of 5x300): no grad: attnforge {ours:.1f}, "
+          f"torch SDPA {theirs:.1f}; inputs requiring grad (forward only): attnforge {ours_g:.1f}, "
+          f"torch SDPA {theirs_g:.1f}; the custom op alone {raw:.1f}")
     record_property("attnforge_us", ours)
     record_property("torch_sdpa_us", theirs)
+    record_property("attnforge_grad_us", ours_g)
+    record_property("torch_sdpa_grad_us", theirs_g)
     # Speed is measured and reported, not asserted; what is asserted is that
-    # the timed call computes what torch's does.
-    o1 = at.scaled_dot_product_attention(q, k, v, is_causal=True).float()
-    o2 = F.scaled_dot_product_attention(q, k, v, is_causal=True).float()
-    assert torch.isfinite(o1).all()
-    assert ((o1 - o2).norm() / o2.norm()).item() < 2e-2
+    # the timed calls compute what torch's do.
+    for args in ((q, k, v), (qg, kg, vg)):
+        o1 = at.scaled_dot_product_attention(*args, is_causal=True).float()
+        o2 = F.scaled_dot_product_attention(*args, is_causal=True).float()
+        assert torch.isfinite(o1).all()
+        assert ((o1 - o2).norm() / o2.norm()).item() < 2e-2

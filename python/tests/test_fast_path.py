@@ -1,0 +1,254 @@
+"""The eager fast path's decision logic on CPU: which calls may take it,
+what its cache key distinguishes, what an entry holds for a signature (the
+dispatcher's real decisions for a given compute capability, the Rust launch
+handle with its checks), and that everything unusual is left to the custom
+op. The launches themselves are tested on the GPU (test_gpu.py)."""
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import attnforge
+import attnforge.torch as at
+from attnforge import _core
+
+SM90 = (9, 0)
+OURS_FIRST = "generated,torch-cudnn,torch-flash"
+BF16 = torch.bfloat16
+
+
+def bhsd(b=1, h=8, s=128, d=64, dtype=BF16):
+    return torch.randn(b, h, s, d, dtype=dtype)
+
+
+def bshd(b=1, h=8, s=128, d=64, dtype=BF16):
+    return torch.randn(b, s, h, d, dtype=dtype).transpose(1, 2)
+
+
+def reason(q, k=None, v=None, attn_mask=None, dropout_p=0.0):
+    return at._why_not_fast(q, q if k is None else k, q if v is None else v, attn_mask, dropout_p)
+
+
+# --- which calls may take the fast path ----------------------------------------------------------
+
+
+def test_plain_cpu_tensors_are_turned_away_only_by_the_device():
+    # Every other condition holds for plain 4-D tensors: the device check is the last one.
+    assert reason(bhsd()) == "not on a CUDA device"
+    assert reason(bshd()) == "not on a CUDA device"
+
+
+def test_masks_dropout_and_ranks_take_the_custom_op_path():
+    q = bhsd()
+    assert reason(q, attn_mask=torch.zeros(128, 128)).startswith("attn_mask")
+    assert reason(q, dropout_p=0.1).startswith("dropout")
+    assert reason(q[0]) == "not 4-D (BHSD)"
+    assert reason(q.unsqueeze(0)) == "not 4-D (BHSD)"
+
+
+class Sub(torch.Tensor):
+    pass
+
+
+def test_subclasses_parameters_and_fake_tensors_take_the_custom_op_path():
+    q = bhsd()
+    assert reason(q.as_subclass(Sub)).startswith("not plain tensors")
+    assert reason(q, k=torch.nn.Parameter(q.clone())).startswith("not plain tensors")
+    assert reason(q, v="not a tensor").startswith("not plain tensors")
+    with FakeTensorMode() as mode:
+        fq = mode.from_tensor(q)
+        assert reason(fq).startswith("not plain tensors")
+        # Real tensors while a fake mode is active: the mode is seen.
+        assert reason(q) == "a TorchDispatchMode is active"
+
+
+class PassFunction(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class PassDispatch(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def test_active_modes_take_the_custom_op_path():
+    q = bhsd()
+    with PassFunction():
+        assert reason(q) == "a TorchFunctionMode is active"
+    with PassDispatch():
+        assert reason(q) == "a TorchDispatchMode is active"
+    assert reason(q) == "not on a CUDA device"
+
+
+def test_functorch_transforms_take_the_custom_op_path():
+    seen = []
+
+    def f(x):
+        seen.append(reason(x.unsqueeze(0)))
+        return x
+
+    torch.vmap(f)(torch.randn(2, 8, 16, 64))
+    torch.func.grad(lambda x: (f(x) ** 2).sum())(torch.randn(8, 16, 64))
+    assert seen == ["a functorch transform (vmap, grad, jvp, functionalize) is active"] * 2
+
+
+def test_compiled_code_takes_the_custom_op_path():
+    seen = []
+
+    def f(q):
+        seen.append(at._why_not_fast(q, q, q, None, 0.0))
+        return q + 1
+
+    torch.compile(f, backend="eager", fullgraph=True)(bhsd(s=16))
+    assert seen and seen[0].startswith("tracing/compiling"), seen
+    f(bhsd(s=16))
+    assert seen[-1] == "not on a CUDA device"
+
+
+# --- the cache key -----------------------------------------------------------------------------
+
+
+def key(q, k=None, v=None, is_causal=True, scale=None, enable_gqa=False, grad=False):
+    return at._fast_key(q, q if k is None else k, q if v is None else v, is_causal, scale, enable_gqa, grad)
+
+
+def test_key_is_the_signature_not_the_tensor():
+    assert key(bhsd()) == key(bhsd())
+    assert hash(key(bhsd())) == hash(key(bhsd()))
+
+
+def test_key_distinguishes_what_changes_the_entry():
+    base = key(bhsd())
+    different = {
+        "strides (BSHD view, same shape)": key(bshd()),
+        "dtype": key(bhsd(dtype=torch.float16)),
+        "shape": key(bhsd(s=256)),
+        "head dim": key(bhsd(d=128)),
+        "k shape": key(bhsd(), k=bhsd(h=2)),
+        "scale given": key(bhsd(), scale=0.125),
+        "not causal": key(bhsd(), is_causal=False),
+        "enable_gqa": key(bhsd(), enable_gqa=True),
+        "grad needed": key(bhsd(), grad=True),
+    }
+    for what, k in different.items():
+        assert k != base, what
+    assert key(bhsd(), scale=0.125) != key(bhsd(), scale=0.25)
+    assert len(set(different.values())) == len(different)
+
+
+def test_key_follows_deterministic_mode_and_policy_changes():
+    q = bhsd()
+    before = key(q)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        assert key(q) != before
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert key(q) == before
+    epoch = _core.policy_epoch()
+    attnforge.set_policy(fwd="torch-flash")
+    assert _core.policy_epoch() == epoch + 1
+    assert key(q) != before
+
+
+# --- what an entry holds ----------------------------------------------------------------------
+
+
+def plan(q, k=None, v=None, is_causal=True, scale=None, enable_gqa=False, grad=False, det=False):
+    return at._fast_plan(q, q if k is None else k, q if v is None else v, is_causal, scale, enable_gqa, grad, det,
+                         SM90, 0)
+
+
+@pytest.mark.parametrize("make", [bhsd, bshd])
+@pytest.mark.parametrize("dv", [64, 32])
+def test_output_layout_is_the_custom_ops(make, dv):
+    q = make()
+    size, stride = at._like_layout(tuple(q.shape), q.stride(), dv)
+    o = at._alloc_like(q, dv)
+    assert size == tuple(o.shape) and stride == o.stride()
+    # Size-1 dims and ties keep the same order as the fake kernels'.
+    q1 = torch.randn(1, 1, 5, 64).transpose(1, 2)
+    size, stride = at._like_layout(tuple(q1.shape), q1.stride(), 64)
+    o = at._alloc_like(q1, 64)
+    assert size == tuple(o.shape) and stride == o.stride()
+
+
+def test_entry_for_the_generated_forward_holds_a_launch_handle():
+    attnforge.set_policy(fwd=OURS_FIRST, bwd=OURS_FIRST)
+    q = bshd()
+    e = plan(q)
+    assert e is not None and e.fwd == "generated"
+    assert e.handle.spec == "fwd.bf16.d64.causal-tl.dense.sm90a"
+    assert not e.handle.loaded
+    assert e.out == (tuple(q.shape), at._alloc_like(q, 64).stride())
+    assert e.lse == ((1, 8, 128), (8 * 128, 128, 1))
+    assert e.scale == pytest.approx(1 / 8) and e.scale_arg == 0.0
+    assert e.prob == at._problem(q, q, q, None, None, 128, 128, 1 / 8, "causal-tl", (-1, -1), 0.0, False, False,
+                                 SM90)
+    # The forward named by the entry is the core's decision for the call.
+    assert _core.decide(e.prob)[0] == "generated"
+
+
+def test_entry_for_a_torch_forward_has_no_handle():
+    attnforge.set_policy(fwd="torch-flash", bwd=OURS_FIRST)
+    e = plan(bhsd(), grad=True)
+    assert e.fwd == "torch-flash" and e.handle is None
+    assert e.grads == tuple(at._like_layout((1, 8, 128, 64), bhsd().stride(), 64) for _ in range(3))
+
+
+def test_what_the_custom_op_path_refuses_or_copies_gets_no_entry():
+    attnforge.set_policy(fwd=OURS_FIRST, bwd=OURS_FIRST)
+    q = bhsd()
+    assert plan(q, k=bhsd(h=2), v=bhsd(h=2)) is None, "GQA without enable_gqa"
+    assert plan(q, k=bhsd(h=2), v=bhsd(h=2), enable_gqa=True).fwd == "generated"
+    assert plan(bhsd(dtype=torch.float32)) is None, "dtype"
+    assert plan(bhsd(d=100)) is None, "no backend for head dim 100"
+    assert plan(q, k=bhsd(s=0), v=bhsd(s=0)) is None, "no keys"
+    assert plan(bhsd(s=0)) is None, "empty"
+    assert plan(q, scale=-1.0) is None, "bad scale"
+    odd = torch.randn(1, 8, 128, 68, dtype=BF16)[..., :64]  # row stride 68: copied by the custom-op path
+    assert plan(odd) is None
+    assert plan(q, k=q.transpose(2, 3)) is None, "k head dim not contiguous"
+    # Grad needed and no backward anywhere: refused (the custom-op path names why).
+    attnforge.set_policy(fwd=OURS_FIRST, bwd="torch-cudnn")
+    assert plan(bhsd(d=192), grad=False) is not None
+    assert plan(bhsd(d=192), grad=True) is None
+
+
+# --- the Rust launch handle -------------------------------------------------------------------
+
+
+def handle(q_strides=(0, 64, 8192), o_strides=(0, 64, 8192)):
+    attnforge.set_policy(fwd=OURS_FIRST, bwd=OURS_FIRST)
+    prob = at._problem(bhsd(), bhsd(), bhsd(), None, None, 128, 128, 0.125, "causal-tl", (-1, -1), 0.0, False, False,
+                       SM90)
+    return _core.FwdLaunch(prob, q_strides, (0, 64, 8192), (0, 64, 8192), o_strides, 0)
+
+
+def test_launch_handle_refuses_strides_and_problems_at_construction():
+    assert handle().spec == "fwd.bf16.d64.causal-tl.dense.sm90a"
+    with pytest.raises(ValueError, match="multiples of 8"):
+        handle(q_strides=(0, 68, 8192 + 4))
+    with pytest.raises(NotImplementedError, match="head_dim|multiple of 8"):
+        prob = at._problem(bhsd(d=100), bhsd(d=100), bhsd(d=100), None, None, 128, 128, 0.1, "none", (-1, -1), 0.0,
+                           False, False, SM90)
+        _core.FwdLaunch(prob, (0, 104, 13312), (0, 104, 13312), (0, 104, 13312), (0, 104, 13312), 0)
+    with pytest.raises(ValueError, match="expected 20"):
+        _core.FwdLaunch(("bf16",), (0, 64, 8192), (0, 64, 8192), (0, 64, 8192), (0, 64, 8192), 0)
+
+
+def test_launch_handle_checks_pointers_before_anything_runs():
+    h = handle()
+    good = 0x10000
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        h.run(good + 8, good, good, good, good, 0, 0, 0)
+    with pytest.raises(ValueError, match="null pointer"):
+        h.run(good, good, good, 0, good, 0, 0, 0)
+    with pytest.raises(ValueError, match="LSE"):
+        h.run(good, good, good, good, 0, 0, 0, 0)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        h.run(good, good, good, good, good, good, good, 0)
+    assert not h.loaded
