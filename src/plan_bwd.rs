@@ -26,7 +26,13 @@
 //!   `[block_n × d_qk]` (a warp grid each); these accumulators live in
 //!   registers for the whole block;
 //! - **dQ** phase (fast mode): `dQ = dS K` over `[block_m × d_qk]`, added to
-//!   `dq_accum` with `red.global.add.f32`.
+//!   `dq_accum` with `red.global.add` (on sm_90 one 16-byte
+//!   `red.global.add.v4.f32` per four columns: lanes swap halves first).
+//!
+//! The S and dQ phases walk their warp tiles in column chunks of at most
+//! `acc_chunk` f32 accumulators per thread per array, so that next to the
+//! dK/dV accumulators the larger tiles (d128: 128 kv rows, d256: 64) stay
+//! spill-free; a chunk re-reads its A operand from shared memory.
 
 use serde::{Deserialize, Serialize};
 
@@ -39,7 +45,7 @@ pub const ROW_WARPS: u32 = 4;
 
 /// Register estimate (f32 values per thread, plus a fixed allowance for
 /// fragments and addresses) above which a tile shape is not taken.
-const REG_BUDGET: u32 = 200;
+const REG_BUDGET: u32 = 224;
 
 /// The backward-only part of a plan.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -70,6 +76,10 @@ pub struct BwdPlan {
     pub dq_smem: u32,
     /// Warps per block of `_pre` and `_dq_convert`.
     pub row_warps: u32,
+    /// The S and dQ phases walk their warp tiles in column chunks of at most
+    /// this many f32 accumulators per thread per array (fewer live registers
+    /// next to the dK/dV accumulators; a chunk re-reads its A operand).
+    pub acc_chunk: u32,
 }
 
 /// Entry symbols of a backward CUBIN, derived from `KernelPlan::entry`.
@@ -143,9 +153,27 @@ struct MainChoice {
     warps_dq: (u32, u32),
     smem: u32,
     regs: u32,
+    acc_chunk: u32,
 }
 
-fn try_main(spec: &AttnSpec, (num_warps, block_n, block_m): (u32, u32, u32), dqk: u32, dv: u32) -> Option<MainChoice> {
+/// Default column-chunk limit: 16 f32 per array when the dK/dV accumulators
+/// already take 96 f32 per thread or more, or with softcap (its tanh terms
+/// are live too), else 32. (Checked by the compile sweep: no spills.)
+fn default_acc_chunk(persist: u32, softcap: bool) -> u32 {
+    if persist >= 96 || softcap {
+        16
+    } else {
+        32
+    }
+}
+
+fn try_main(spec: &AttnSpec, t: BwdTiles, dqk: u32, dv: u32, reg_budget: u32) -> Option<MainChoice> {
+    let BwdTiles {
+        num_warps,
+        block_n,
+        block_m,
+        ..
+    } = t;
     let warps_s = warp_grid(block_n, &[block_m], num_warps)?;
     let warps_dk = warp_grid(block_n, &[dqk], num_warps)?;
     let warps_dv = warp_grid(block_n, &[dv], num_warps)?;
@@ -153,20 +181,30 @@ fn try_main(spec: &AttnSpec, (num_warps, block_n, block_m): (u32, u32, u32), dqk
     // f32 values per thread (a warp tile of r x c holds r*c/32 per thread).
     let per = |rows: u32, cols: u32| rows * cols / 32;
     let persist = per(block_n / warps_dk.0, dqk / warps_dk.1) + per(block_n / warps_dv.0, dv / warps_dv.1);
+    // The S and dQ phases walk their warp tiles in column chunks of at most
+    // `acc_chunk` f32 per thread per array (the template's ACC_CHUNK rule).
+    let acc_chunk = if t.acc_chunk > 0 {
+        t.acc_chunk
+    } else {
+        default_acc_chunk(persist, spec.softcap)
+    };
     let s_arrays = if spec.softcap { 3 } else { 2 };
-    let phase_s = s_arrays * per(block_n / warps_s.0, block_m / warps_s.1);
+    let phase_s = s_arrays * per(block_n / warps_s.0, block_m / warps_s.1).min(acc_chunk);
     let phase_dq = if spec.deterministic {
         0
     } else {
-        per(block_m / warps_dq.0, dqk / warps_dq.1)
+        per(block_m / warps_dq.0, dqk / warps_dq.1).min(acc_chunk)
     };
     let regs = persist + phase_s.max(phase_dq) + 48;
-    if regs > REG_BUDGET || block_m > 32 * num_warps {
+    if regs > reg_budget || block_m > 32 * num_warps {
         return None;
     }
     let pitch_m = block_m + 8;
     let limit = spec.arch.max_smem_per_block();
     for q_stages in [2, 1] {
+        if t.q_stages > 0 && q_stages != t.q_stages {
+            continue;
+        }
         let smem = main_smem(block_m, block_n, q_stages, dqk + 8, dv + 8, pitch_m);
         if smem <= limit {
             return Some(MainChoice {
@@ -180,6 +218,7 @@ fn try_main(spec: &AttnSpec, (num_warps, block_n, block_m): (u32, u32, u32), dqk
                 warps_dq,
                 smem,
                 regs,
+                acc_chunk,
             });
         }
     }
@@ -209,16 +248,39 @@ fn try_dq(spec: &AttnSpec, dqk: u32, dv: u32) -> Option<(u32, u32, u32, u32, u32
     None
 }
 
+/// An explicit main-kernel tile shape (tuning: `plan_bwd_sm80_with`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct BwdTiles {
+    pub num_warps: u32,
+    /// kv rows per block.
+    pub block_n: u32,
+    /// query rows per inner step.
+    pub block_m: u32,
+    /// Q/dO buffers; 0 = the most that fit.
+    pub q_stages: u32,
+    /// Column-chunk limit of the S and dQ accumulators (see [`BwdPlan::acc_chunk`]); 0 = default.
+    pub acc_chunk: u32,
+}
+
 /// Plan a backward spec (already validated by `plan()`). `None` when no tile
 /// shape fits (does not happen for valid specs; the unit test checks every one).
 pub fn plan_bwd_sm80(spec: &AttnSpec) -> Option<KernelPlan> {
     // Pad the head dims to the mma k-step (16); when no tile shape fits (a
     // prime number of 16-column groups can only be split by rows), pad
     // further so that warps can split the columns.
-    [16, 32, 64].into_iter().find_map(|pad| plan_padded(spec, pad))
+    [16, 32, 64].into_iter().find_map(|pad| plan_padded(spec, pad, None))
 }
 
-fn plan_padded(spec: &AttnSpec, pad: u32) -> Option<KernelPlan> {
+/// Plan with an explicit main-kernel tile shape, skipping the register
+/// estimate (tuning: the compiler's report decides). `None` when the shape
+/// does not split into warp tiles or does not fit in shared memory.
+pub fn plan_bwd_sm80_with(spec: &AttnSpec, tiles: BwdTiles) -> Option<KernelPlan> {
+    [16, 32, 64]
+        .into_iter()
+        .find_map(|pad| plan_padded(spec, pad, Some(tiles)))
+}
+
+fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>) -> Option<KernelPlan> {
     let mut reasons = Vec::new();
     let dqk = round_up(spec.head_dim_qk as u32, pad);
     let dv = round_up(spec.head_dim_v as u32, pad);
@@ -241,12 +303,31 @@ fn plan_padded(spec: &AttnSpec, pad: u32) -> Option<KernelPlan> {
     // (warps, block_n, block_m), most preferred first. dK/dV accumulators
     // (block_n·(dqk+dv)/threads f32 per thread) stay in registers for the
     // whole block, which bounds block_n·d.
+    //
+    // First choices timed on the H200 (b4 s4096, `ATTNFORGE_BWD_TUNE=1`,
+    // docs/kernels.md): d64 8 x 128 x 128, d128 8 x 128 x 64, d256 8 x 64 x 64
+    // (FlashAttention-2's shapes), each the fastest spill-free 8-warp shape.
     let preferred: &[(u32, u32, u32)] = if dmax <= 64 {
-        &[(8, 128, 64), (8, 64, 64), (4, 64, 64), (4, 64, 32), (4, 32, 32)]
+        &[
+            (8, 128, 128),
+            (8, 128, 64),
+            (8, 64, 64),
+            (4, 64, 64),
+            (4, 64, 32),
+            (4, 32, 32),
+        ]
     } else if dmax <= 128 {
-        &[(8, 64, 64), (4, 64, 64), (4, 64, 32), (4, 32, 32), (4, 32, 16)]
+        &[
+            (8, 128, 64),
+            (8, 64, 64),
+            (4, 64, 64),
+            (4, 64, 32),
+            (4, 32, 32),
+            (4, 32, 16),
+        ]
     } else {
         &[
+            (8, 64, 64),
             (8, 64, 32),
             (8, 32, 32),
             (4, 32, 32),
@@ -255,10 +336,22 @@ fn plan_padded(spec: &AttnSpec, pad: u32) -> Option<KernelPlan> {
             (2, 16, 16),
         ]
     };
-    let main = preferred.iter().find_map(|&c| try_main(spec, c, dqk, dv))?;
+    let main = match forced {
+        Some(t) => try_main(spec, t, dqk, dv, u32::MAX)?,
+        None => preferred.iter().find_map(|&(num_warps, block_n, block_m)| {
+            let t = BwdTiles {
+                num_warps,
+                block_n,
+                block_m,
+                q_stages: 0,
+                acc_chunk: 0,
+            };
+            try_main(spec, t, dqk, dv, REG_BUDGET)
+        })?,
+    };
     reasons.push(format!(
-        "main: {} warps, block_n={} kv rows x block_m={} query rows; warp grids S {:?}, dK {:?}, dV {:?}, dQ {:?}; ~{} regs/thread estimated",
-        main.num_warps, main.block_n, main.block_m, main.warps_s, main.warps_dk, main.warps_dv, main.warps_dq, main.regs
+        "main: {} warps, block_n={} kv rows x block_m={} query rows; warp grids S {:?}, dK {:?}, dV {:?}, dQ {:?}; S/dQ accumulators in chunks of <= {} f32; ~{} regs/thread estimated",
+        main.num_warps, main.block_n, main.block_m, main.warps_s, main.warps_dk, main.warps_dv, main.warps_dq, main.acc_chunk, main.regs
     ));
     reasons.push(format!(
         "main: Q/dO {}-stage cp.async pipeline, Pᵀ/dSᵀ through shared memory: {} B (arch limit {} B)",
@@ -296,6 +389,7 @@ fn plan_padded(spec: &AttnSpec, pad: u32) -> Option<KernelPlan> {
         dq_kv_stages,
         dq_smem: dq_smem_bytes,
         row_warps: ROW_WARPS,
+        acc_chunk: main.acc_chunk,
     };
     Some(KernelPlan {
         spec: *spec,
@@ -373,6 +467,7 @@ mod tests {
             assert!(b.block_m.is_multiple_of(16 * b.warps_dq.0));
             assert!(p.head_dim_qk_padded.is_multiple_of(16 * b.warps_dq.1));
             assert!(b.block_m <= 32 * b.num_warps, "LSE/Dsum rows are loaded one per thread");
+            assert!(b.acc_chunk == 16 || b.acc_chunk == 32, "{spec}");
             assert_eq!(spec.deterministic, b.dq_warps > 0, "{spec}");
             if spec.deterministic {
                 assert_eq!(b.dq_block_m, 16 * b.dq_warps);
@@ -389,6 +484,50 @@ mod tests {
         assert_eq!(e.pre, format!("{}_pre", p.entry));
         assert_eq!(e.dq, format!("{}_dq", p.entry));
         assert_eq!(p.template, Template::BwdSm80);
+    }
+
+    #[test]
+    fn explicit_tiles_are_honoured_or_refused() {
+        let spec: AttnSpec = "bwd.bf16.d128.causal-br.dense.sm90a".parse().unwrap();
+        let t = |num_warps, block_n, block_m, q_stages, acc_chunk| BwdTiles {
+            num_warps,
+            block_n,
+            block_m,
+            q_stages,
+            acc_chunk,
+        };
+        let p = plan_bwd_sm80_with(&spec, t(4, 64, 64, 1, 0)).expect("plans");
+        let b = p.bwd.as_ref().unwrap();
+        assert_eq!((b.num_warps, b.block_n, b.block_m, b.q_stages), (4, 64, 64, 1));
+        assert_eq!(b.acc_chunk, 16, "dK+dV take 128 f32 per thread: default chunk 16");
+        assert_eq!(b.main_smem, main_smem(64, 64, 1, 136, 136, 72));
+        let p = plan_bwd_sm80_with(&spec, t(8, 128, 64, 0, 32)).expect("plans");
+        assert_eq!(p.bwd.as_ref().unwrap().acc_chunk, 32);
+        assert_eq!(p.bwd.as_ref().unwrap().q_stages, 2);
+        // 8 kv rows cannot be split into 16-row warp tiles; 256 x 256 does not fit.
+        assert!(plan_bwd_sm80_with(&spec, t(8, 8, 64, 0, 0)).is_none());
+        assert!(plan_bwd_sm80_with(&spec, t(8, 256, 256, 0, 0)).is_none());
+        // The default plan is one of the explicit ones.
+        let d = plan(&spec).unwrap();
+        let db = d.bwd.as_ref().unwrap();
+        let again = plan_bwd_sm80_with(
+            &spec,
+            t(db.num_warps, db.block_n, db.block_m, db.q_stages, db.acc_chunk),
+        );
+        assert_eq!(again.as_ref().and_then(|p| p.bwd.clone()), d.bwd);
+    }
+
+    #[test]
+    fn default_chunks_follow_the_register_rule() {
+        for (s, chunk) in [
+            ("bwd.bf16.d64.none.dense.sm90a", 32),
+            ("bwd.bf16.d64.none.dense.softcap.sm90a", 16),
+            ("bwd.bf16.d128.none.dense.sm90a", 16),
+            ("bwd.bf16.d256.causal-br.dense.sm90a", 16),
+        ] {
+            let spec: AttnSpec = s.parse().unwrap();
+            assert_eq!(plan(&spec).unwrap().bwd.unwrap().acc_chunk, chunk, "{s}");
+        }
     }
 
     #[test]

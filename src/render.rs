@@ -158,6 +158,7 @@ struct BwdContext {
     dqb_n: u32,
     dqb_warps: u32,
     dqb_stages: u32,
+    acc_chunk: u32,
 }
 
 /// Mask kind as the templates number it (see `templates/common/mask.cuh`).
@@ -215,6 +216,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
             dqb_n: b.dq_block_n,
             dqb_warps: b.dq_warps,
             dqb_stages: b.dq_kv_stages,
+            acc_chunk: b.acc_chunk,
         })
         .map_err(ctx_err)?,
         (Template::BwdSm80, None) => {

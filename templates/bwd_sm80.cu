@@ -1,13 +1,15 @@
 // attnforge generated kernel: {{ spec }}
 // template bwd_sm80.cu — FlashAttention-2-style backward on the sm80 instruction
 // path (mma.sync m16n8k16, ldmatrix, cp.async). Plan: block_n={{ block_n }} kv rows x
-// block_m={{ block_m }} query rows, {{ num_warps }} warps, Q/dO stages={{ q_stages }}.
+// block_m={{ block_m }} query rows, {{ num_warps }} warps, Q/dO stages={{ q_stages }},
+// S/dQ accumulator chunks <= {{ acc_chunk }} f32 per thread.
 // Do not edit: rendered by attnforge from templates/bwd_sm80.cu.
 //
 // Entry points (one shared BwdParams), launched in this order:
 //   {{ entry }}_pre          Dsum = rowsum(dO * O) in f32 (LSE layout){% if not deterministic %}; zero dq_accum{% endif %}
 //   {{ entry }}              main: one block per (kv tile, batch, kv head): dK, dV{% if not deterministic %},
-//                            and dQ added to the f32 dq_accum with red.global.add{% endif %}
+//                            and dQ added to the f32 dq_accum with red.global.add
+//                            (one 16-byte red.global.add.v4.f32 per 4 columns on sm_90){% endif %}
 {%- if deterministic %}
 //   {{ entry }}_dq           one block per query tile recomputes dS and writes dQ (no atomics)
 {%- else %}
@@ -46,6 +48,19 @@ constexpr int DV_WN = {{ dv_wn }}, DV_WD = {{ dv_wd }};  // dV: [BLOCK_N x DV]
 constexpr int DV_ROWS = BLOCK_N / DV_WN, DV_COLS = DV / DV_WD;
 constexpr int DQ_WM = {{ dq_wm }}, DQ_WD = {{ dq_wd }};  // dQ: [BLOCK_M x DQK] (fast mode)
 constexpr int DQ_ROWS = BLOCK_M / DQ_WM, DQ_COLS = DQK / DQ_WD;
+
+// The S and dQ phases walk their warp tile in column chunks so that their
+// accumulators (on top of the dK/dV accumulators held for the whole block)
+// stay within ACC_CHUNK f32 per thread per array (the plan's choice): a chunk
+// re-reads the A operand from shared memory, for fewer live registers.
+constexpr int ACC_CHUNK = {{ acc_chunk }};
+// Largest even divisor of nt with mt * 4 * divisor <= ACC_CHUNK (2 at least).
+constexpr int chunk_nt(int mt, int nt) {
+    int best = 2;
+    for (int c = 2; c <= nt; c += 2)
+        if (nt % c == 0 && mt * 4 * c <= ACC_CHUNK) best = c;
+    return best;
+}
 
 constexpr int ROW_WARPS = {{ row_warps }};           // _pre / _dq_convert: one (token, head) row per warp
 {%- if deterministic %}
@@ -108,6 +123,20 @@ __device__ __forceinline__ void red_add_f32(float* addr, float v) {
     asm volatile("red.global.add.f32 [%0], %1;\n" :: "l"(addr), "f"(v) : "memory");
 }
 
+// Four consecutive f32 adds (addr 16-byte aligned). sm_90 has a vector
+// reduction (one request for a whole 16-byte chunk); older archs issue four.
+__device__ __forceinline__ void red_add_f32x4(float* addr, float a, float b, float c, float d) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], { %1, %2, %3, %4 };\n"
+                 :: "l"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+#else
+    red_add_f32(addr, a);
+    red_add_f32(addr + 1, b);
+    red_add_f32(addr + 2, c);
+    red_add_f32(addr + 3, d);
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
@@ -150,8 +179,11 @@ __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, lon
                                           int valid_rows, int d_real, int tid) {
     constexpr int CHUNKS = DPAD / 8;                     // 16-byte chunks per row
     const unsigned s0 = smem_addr(smem);
+    constexpr int TOTAL = ROWS * CHUNKS;
 #pragma unroll
-    for (int idx = tid; idx < ROWS * CHUNKS; idx += NTHREADS) {
+    for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {  // compile-time trip count
+        const int idx = tid + i * NTHREADS;
+        if (TOTAL % NTHREADS != 0 && idx >= TOTAL) break;
         const int r = idx / CHUNKS, c = idx % CHUNKS;
         const bool ok = r < valid_rows && c * 8 < d_real;
         const elem_t* src = ok ? gbase + r * stride + c * 8 : gbase;
@@ -421,47 +453,50 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
         // ---- S phase: S^T = K Q^T, dP^T = V dO^T; P^T and dS^T into shared memory.
         if (warp < S_WN * S_WM) {
-            constexpr int MT = S_ROWS / 16, NT = S_COLS / 8;
+            constexpr int MT = S_ROWS / 16, NT_ALL = S_COLS / 8, NT = chunk_nt(MT, NT_ALL);
             const int r0 = (warp / S_WM) * S_ROWS;       // kv row within the tile
-            const int c0 = (warp % S_WM) * S_COLS;       // query row within the tile
-            float acc_s[MT][NT][4], acc_dp[MT][NT][4];
-            zero_acc(acc_s);
-            zero_acc(acc_dp);
-            warp_gemm<MT, NT, DQK / 16, false, false>(acc_s, sKa, PITCH_QK, r0, sQa, PITCH_QK, c0, lane);
-            warp_gemm<MT, NT, DV / 16, false, false>(acc_dp, sVa, PITCH_V, r0, sdOa, PITCH_V, c0, lane);
             const int m_last = min(m0 + BLOCK_M, sq) - 1;
             const bool edge = (n0 + BLOCK_N > sk) || (MASK_KIND != 0 &&
                 (win.key_lo(m_last) > n0 || win.key_hi(m0) < n0 + BLOCK_N - 1));
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-                for (int e1 = 0; e1 < 2; ++e1) {
-                    const int ci = c0 + nt * 8 + 2 * t + e1;   // query row within the tile
-                    const float lse2 = lse2_t[ci], dsum = dsum_t[ci];
-                    const int lo = win.key_lo(m0 + ci), hi = win.key_hi(m0 + ci);
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-                        for (int r = 0; r < 2; ++r) {
-                            const int e = 2 * r + e1;
-                            const int key = n0 + r0 + mt * 16 + g + 8 * r;
-                            const bool vis = !edge || (key >= lo && key <= hi);
-                            float pr;
-                            acc_dp[mt][nt][e] = score_grad(acc_s[mt][nt][e], acc_dp[mt][nt][e], lse2, dsum, vis, p, pr);
-                            acc_s[mt][nt][e] = pr;
-                        }
-                    }
-                }
-            }
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll 1
+            for (int cc = 0; cc < NT_ALL / NT; ++cc) {
+                const int c0 = (warp % S_WM) * S_COLS + cc * NT * 8;   // query row within the tile
+                float acc_s[MT][NT][4], acc_dp[MT][NT][4];
+                zero_acc(acc_s);
+                zero_acc(acc_dp);
+                warp_gemm<MT, NT, DQK / 16, false, false>(acc_s, sKa, PITCH_QK, r0, sQa, PITCH_QK, c0, lane);
+                warp_gemm<MT, NT, DV / 16, false, false>(acc_dp, sVa, PITCH_V, r0, sdOa, PITCH_V, c0, lane);
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-                    for (int r = 0; r < 2; ++r) {
-                        const int off = (r0 + mt * 16 + g + 8 * r) * PITCH_M + c0 + nt * 8 + 2 * t;
-                        *reinterpret_cast<elem2_t*>(sP + off) = pack2(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]);
-                        *reinterpret_cast<elem2_t*>(sdS + off) = pack2(acc_dp[mt][nt][2 * r], acc_dp[mt][nt][2 * r + 1]);
+                    for (int e1 = 0; e1 < 2; ++e1) {
+                        const int ci = c0 + nt * 8 + 2 * t + e1;   // query row within the tile
+                        const float lse2 = lse2_t[ci], dsum = dsum_t[ci];
+                        const int lo = win.key_lo(m0 + ci), hi = win.key_hi(m0 + ci);
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                            for (int r = 0; r < 2; ++r) {
+                                const int e = 2 * r + e1;
+                                const int key = n0 + r0 + mt * 16 + g + 8 * r;
+                                const bool vis = !edge || (key >= lo && key <= hi);
+                                float pr;
+                                acc_dp[mt][nt][e] = score_grad(acc_s[mt][nt][e], acc_dp[mt][nt][e], lse2, dsum, vis, p, pr);
+                                acc_s[mt][nt][e] = pr;
+                            }
+                        }
+                    }
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                        for (int r = 0; r < 2; ++r) {
+                            const int off = (r0 + mt * 16 + g + 8 * r) * PITCH_M + c0 + nt * 8 + 2 * t;
+                            *reinterpret_cast<elem2_t*>(sP + off) = pack2(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]);
+                            *reinterpret_cast<elem2_t*>(sdS + off) = pack2(acc_dp[mt][nt][2 * r], acc_dp[mt][nt][2 * r + 1]);
+                        }
                     }
                 }
             }
@@ -479,25 +514,33 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // ---- dQ phase (fast mode): dq_accum += dS K, f32 reductions in global memory.
         if constexpr (!DETERMINISTIC) {
             if (warp < DQ_WM * DQ_WD) {
-                constexpr int MT = DQ_ROWS / 16, NT = DQ_COLS / 8;
-                const int r0 = (warp / DQ_WD) * DQ_ROWS, c0 = (warp % DQ_WD) * DQ_COLS;
-                float acc[MT][NT][4];
-                zero_acc(acc);
-                warp_gemm<MT, NT, BLOCK_N / 16, true, true>(acc, sdSa, PITCH_M, r0, sKa, PITCH_QK, c0, lane);
-                const long long acc_row0 = IS_THD ? (long long)si.q_off + m0 : (long long)b * p.seqlen_q + m0;
-                float* gacc = p.dq_accum + (acc_row0 * p.heads_q + h) * DQK;
-                const long long row_pitch = (long long)p.heads_q * DQK;
+                constexpr int MT = DQ_ROWS / 16, NT_ALL = DQ_COLS / 8, NT = chunk_nt(MT, NT_ALL);
+                const int r0 = (warp / DQ_WD) * DQ_ROWS;
+#pragma unroll 1
+                for (int cc = 0; cc < NT_ALL / NT; ++cc) {
+                    const int c0 = (warp % DQ_WD) * DQ_COLS + cc * NT * 8;
+                    float acc[MT][NT][4];
+                    zero_acc(acc);
+                    warp_gemm<MT, NT, BLOCK_N / 16, true, true>(acc, sdSa, PITCH_M, r0, sKa, PITCH_QK, c0, lane);
+                    const long long acc_row0 = IS_THD ? (long long)si.q_off + m0 : (long long)b * p.seqlen_q + m0;
+                    float* gacc = p.dq_accum + (acc_row0 * p.heads_q + h) * DQK;
+                    const long long row_pitch = (long long)p.heads_q * DQK;
+                    // Lanes t = 2k and 2k + 1 swap halves so that each holds four
+                    // consecutive columns 4k..4k+3 of one row: the even lane of row g,
+                    // the odd lane of row g + 8. One 16-byte reduction per n8 tile.
+                    const bool odd = t & 1;
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
+                    for (int mt = 0; mt < MT; ++mt) {
+                        const int row = r0 + mt * 16 + g + (odd ? 8 : 0);
 #pragma unroll
-                    for (int r = 0; r < 2; ++r) {
-                        const int row = r0 + mt * 16 + g + 8 * r;
-                        if (m0 + row < sq) {
-#pragma unroll
-                            for (int nt = 0; nt < NT; ++nt) {
-                                float* dst = gacc + row * row_pitch + c0 + nt * 8 + 2 * t;
-                                red_add_f32(dst, acc[mt][nt][2 * r]);
-                                red_add_f32(dst + 1, acc[mt][nt][2 * r + 1]);
+                        for (int nt = 0; nt < NT; ++nt) {
+                            const float* a = acc[mt][nt];
+                            const float x0 = __shfl_xor_sync(0xffffffffu, odd ? a[0] : a[2], 1);
+                            const float x1 = __shfl_xor_sync(0xffffffffu, odd ? a[1] : a[3], 1);
+                            if (m0 + row < sq) {
+                                float* dst = gacc + row * row_pitch + c0 + nt * 8 + 4 * (t >> 1);
+                                if (odd) red_add_f32x4(dst, x0, x1, a[2], a[3]);
+                                else red_add_f32x4(dst, a[0], a[1], x0, x1);
                             }
                         }
                     }

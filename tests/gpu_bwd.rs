@@ -23,6 +23,7 @@ use std::sync::Mutex;
 
 use attnforge::launch::{self, FwdArgs, FwdProblem, TensorArg};
 use attnforge::launch_bwd::{self, BwdArgs};
+use attnforge::plan::plan_bwd::BwdTiles;
 use attnforge::reference::{attention_bwd, visible, RefProblem};
 use attnforge::{AttnSpec, DType, Direction, Layout};
 use common::{dense, from_bits, normal, off, thd, to_bits, Buf, Case, Mem};
@@ -465,103 +466,309 @@ fn resources(spec: &AttnSpec) -> String {
     )
 }
 
-/// `ATTNFORGE_BWD_BENCH=1`: time the whole backward (all its kernels) on a few
-/// training-sized shapes after the correctness table. Informational only.
-fn bench(cc: (i32, i32), device_arch: attnforge::Arch) {
-    let shapes: &[(&str, usize, usize, usize)] = &[
-        ("bwd.bf16.d128.none.dense.sm80", 2, 16, 4096),
-        ("bwd.bf16.d128.causal-br.dense.sm80", 2, 16, 4096),
-        ("bwd.bf16.d128.causal-br.dense.det.sm80", 2, 16, 4096),
-        ("bwd.bf16.d64.causal-br.dense.sm80", 2, 32, 4096),
-        ("bwd.bf16.d256.causal-br.dense.sm80", 2, 8, 4096),
-    ];
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    println!("\n| spec | batch x heads x seqlen | bwd ms | TFLOP/s (bwd = 2.5 x fwd flops) |\n|---|---|---|---|");
-    for &(s, b, h, len) in shapes {
-        let mut spec: AttnSpec = s.parse().expect("bench spec");
-        if cc.0 != 8 {
-            spec = spec.with_arch(device_arch);
-        }
+/// One dense self-attention problem timed by the bench and the tuning loop:
+/// random Q, K, V, dO in BSHD, O and LSE from our forward.
+struct BenchProblem {
+    spec: AttnSpec,
+    b: usize,
+    h: usize,
+    s: usize,
+    bufs: Vec<Buf>,
+    args: BwdArgs,
+}
+
+impl BenchProblem {
+    fn new(spec: AttnSpec, b: usize, h: usize, s: usize, rng: &mut rand::rngs::StdRng) -> Option<BenchProblem> {
         let d = spec.head_dim_qk as usize;
-        let n = b * len * h * d;
-        let host: Vec<u16> = (0..n).map(|_| to_bits(normal(&mut rng), spec.dtype)).collect();
-        let (q, k, v, d_o) = (
+        let n = b * s * h * d;
+        let host: Vec<u16> = (0..n).map(|_| to_bits(normal(rng), spec.dtype)).collect();
+        let bufs = vec![
             Buf::upload(&host),
             Buf::upload(&host),
             Buf::upload(&host),
             Buf::upload(&host),
-        );
-        let (o, dq, dk, dv) = (Buf::new(n * 2), Buf::new(n * 2), Buf::new(n * 2), Buf::new(n * 2));
-        let (lse, dsum) = (Buf::new(b * h * len * 4), Buf::new(b * h * len * 4));
-        let t = |ptr: u64| TensorArg::bshd(ptr, len as i64, h as i64, d as i64);
+            Buf::new(n * 2),
+            Buf::new(n * 2),
+            Buf::new(n * 2),
+            Buf::new(n * 2),
+            Buf::new(b * h * s * 4),
+            Buf::new(b * h * s * 4),
+        ];
+        let t = |i: usize| TensorArg::bshd(bufs[i].ptr, s as i64, h as i64, d as i64);
         let problem = FwdProblem {
             batch: b as u32,
             heads_q: h as u32,
             heads_kv: h as u32,
-            seqlen_q: len as u32,
-            seqlen_k: len as u32,
+            seqlen_q: s as u32,
+            seqlen_k: s as u32,
             window: (-1, -1),
             ..Default::default()
         };
-        let (Ok(fk), Ok(bk)) = (attnforge::get_or_build(&fwd_of(&spec)), attnforge::get_or_build(&spec)) else {
-            println!("| {spec} | build failed | | |");
-            continue;
-        };
-        let fl = launch::load(&fk).expect("load fwd");
-        let bl = launch::load(&bk).expect("load bwd");
+        let fk = attnforge::get_or_build(&fwd_of(&spec)).ok()?;
+        let fl = launch::load(&fk).ok()?;
         let fa = FwdArgs {
-            q: t(q.ptr),
-            k: t(k.ptr),
-            v: t(v.ptr),
-            o: t(o.ptr),
-            lse: lse.ptr,
+            q: t(0),
+            k: t(1),
+            v: t(2),
+            o: t(4),
+            lse: bufs[8].ptr,
             problem: problem.clone(),
         };
-        let ws_bytes = launch_bwd::bwd_workspace_bytes(&bk.plan, &problem);
-        let ws = Buf::new(ws_bytes as usize);
-        let ba = BwdArgs {
-            q: t(q.ptr),
-            k: t(k.ptr),
-            v: t(v.ptr),
-            o: t(o.ptr),
-            d_o: t(d_o.ptr),
-            lse: lse.ptr,
-            dsum: dsum.ptr,
-            dq: t(dq.ptr),
-            dk: t(dk.ptr),
-            dv: t(dv.ptr),
+        // SAFETY: buffers sized for the problem; null stream; synchronized.
+        unsafe {
+            launch::launch_fwd(&fl, &fa, std::ptr::null_mut()).ok()?;
+            sys::cuCtxSynchronize().result().ok()?;
+        }
+        let args = BwdArgs {
+            q: t(0),
+            k: t(1),
+            v: t(2),
+            o: t(4),
+            d_o: t(3),
+            lse: bufs[8].ptr,
+            dsum: bufs[9].ptr,
+            dq: t(5),
+            dk: t(6),
+            dv: t(7),
             problem,
         };
-        // SAFETY: buffers sized for the shapes above; null stream; synchronized below.
-        unsafe {
-            launch::launch_fwd(&fl, &fa, std::ptr::null_mut()).expect("fwd");
-            for _ in 0..2 {
-                launch_bwd::launch_bwd(&bl, &ba, ws.ptr, ws_bytes, std::ptr::null_mut()).expect("bwd");
-            }
-            sys::cuCtxSynchronize().result().expect("sync");
-        }
-        let iters = 10;
-        let t0 = std::time::Instant::now();
-        // SAFETY: as above.
-        unsafe {
-            for _ in 0..iters {
-                launch_bwd::launch_bwd(&bl, &ba, ws.ptr, ws_bytes, std::ptr::null_mut()).expect("bwd");
-            }
-            sys::cuCtxSynchronize().result().expect("sync");
-        }
-        let secs = t0.elapsed().as_secs_f64() / iters as f64;
-        let causal = if spec.mask == attnforge::Mask::None { 1.0 } else { 0.5 };
-        let flops = 2.5 * 4.0 * (b * h) as f64 * (len * len) as f64 * d as f64 * causal;
-        println!(
-            "| {spec} | {b} x {h} x {len} | {:.3} | {:.1} |",
-            secs * 1e3,
-            flops / secs / 1e12
+        Some(BenchProblem {
+            spec,
+            b,
+            h,
+            s,
+            bufs,
+            args,
+        })
+    }
+
+    fn flops(&self) -> f64 {
+        let causal = if self.spec.mask == attnforge::Mask::None {
+            1.0
+        } else {
+            0.5
+        };
+        2.5 * 4.0 * (self.b * self.h) as f64 * (self.s * self.s) as f64 * self.spec.head_dim_qk as f64 * causal
+    }
+
+    /// Median milliseconds of one whole backward (all its kernels) with `kernel`.
+    fn time_ms(&self, kernel: &attnforge::CompiledKernel) -> Option<f64> {
+        let bl = launch::load(kernel).ok()?;
+        let ws_bytes = launch_bwd::bwd_workspace_bytes(&kernel.plan, &self.args.problem);
+        let ws = Buf::new(ws_bytes as usize);
+        let run = || {
+            // SAFETY: buffers sized for the problem; null stream.
+            unsafe { launch_bwd::launch_bwd(&bl, &self.args, ws.ptr, ws_bytes, std::ptr::null_mut()) }.is_ok()
+        };
+        use cudarc::driver::result::event;
+        let (start, stop) = (
+            event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).ok()?,
+            event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).ok()?,
         );
+        for _ in 0..2 {
+            if !run() {
+                return None;
+            }
+        }
+        let mut v = Vec::new();
+        for _ in 0..5 {
+            let iters = 3;
+            // SAFETY: events on the legacy default stream.
+            unsafe {
+                event::record(start, std::ptr::null_mut()).ok()?;
+                for _ in 0..iters {
+                    run();
+                }
+                event::record(stop, std::ptr::null_mut()).ok()?;
+                event::synchronize(stop).ok()?;
+                v.push(event::elapsed(start, stop).ok()? as f64 / iters as f64);
+            }
+        }
+        // SAFETY: any asynchronous launch failure shows here.
+        unsafe { sys::cuCtxSynchronize() }.result().ok()?;
+        let _ = &self.bufs;
+        v.sort_by(|a, b| a.total_cmp(b));
+        Some(v[v.len() / 2])
+    }
+}
+
+fn on_device(spec: &str, cc: (i32, i32), device_arch: attnforge::Arch) -> AttnSpec {
+    let spec: AttnSpec = spec.parse().expect("bench spec");
+    if cc.0 != 8 {
+        spec.with_arch(device_arch)
+    } else {
+        spec
+    }
+}
+
+/// `ATTNFORGE_BWD_BENCH=1`: time the whole backward (all its kernels, CUDA
+/// events, median) over the standard sweep's shapes (batch·seqlen = 16k
+/// tokens, heads·d = 2048, BSHD), after the correctness table. Informational:
+/// `scripts/bwd_bench.py` times the peers on the same shapes.
+fn bench(cc: (i32, i32), device_arch: attnforge::Arch) {
+    let seqs: Vec<usize> = std::env::var("ATTNFORGE_BWD_BENCH_SEQS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![2048, 8192]);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    println!(
+        "\n| spec | batch x heads x seqlen | regs | bwd ms | TFLOP/s (bwd = 2.5 x fwd flops) |\n|---|---|---|---|---|"
+    );
+    for d in [64usize, 128, 256] {
+        for &s in &seqs {
+            for mask in ["none", "causal-tl"] {
+                let spec = on_device(&format!("bwd.bf16.d{d}.{mask}.dense.sm80"), cc, device_arch);
+                let (b, h) = ((16384 / s).max(1), 2048 / d);
+                let Ok(k) = attnforge::get_or_build(&spec) else {
+                    println!("| {spec} | build failed | | | |");
+                    continue;
+                };
+                let Some(ms) =
+                    BenchProblem::new(spec, b, h, s, &mut rng).and_then(|p| Some((p.time_ms(&k)?, p.flops())))
+                else {
+                    println!("| {spec} | launch failed | | | |");
+                    continue;
+                };
+                println!(
+                    "| {spec} | {b} x {h} x {s} | {} | {:.3} | {:.1} |",
+                    k.meta.registers,
+                    ms.0,
+                    ms.1 / ms.0 / 1e9
+                );
+            }
+        }
+    }
+}
+
+/// Build a backward kernel with an explicit tile shape (tuning), reporting
+/// the main kernel's registers and spills; None when the shape does not plan.
+fn build_variant(spec: &AttnSpec, tiles: BwdTiles) -> Option<attnforge::CompiledKernel> {
+    use attnforge::compile::Nvrtc;
+    use attnforge::jit::{cache_key, compile_options, compile_plan};
+    let plan = attnforge::plan::plan_bwd::plan_bwd_sm80_with(spec, tiles)?;
+    let rendered = attnforge::render::render(&plan).ok()?;
+    let nvrtc = Nvrtc::get().ok()?;
+    let key = cache_key(&plan, &rendered, &nvrtc.version_string(), &compile_options(&plan));
+    let (cubin, meta) = match compile_plan(&plan, &rendered, nvrtc) {
+        Ok(x) => x,
+        Err(e) => {
+            println!("{spec} {tiles:?}: build failed: {e}");
+            return None;
+        }
+    };
+    Some(attnforge::CompiledKernel {
+        spec: *spec,
+        plan,
+        key,
+        cubin,
+        meta,
+        origin: attnforge::Origin::Compiled,
+    })
+}
+
+/// `ATTNFORGE_BWD_TUNE=1`: main-kernel tile variants per head dim: registers
+/// and spills from the compiler (no GPU needed), then, on a GPU, the time of
+/// the whole backward at batch 4 x seqlen 4096 (heads·d = 2048), non-causal
+/// and causal. `ATTNFORGE_BWD_TUNE=d128` limits it to one head dim,
+/// `ATTNFORGE_BWD_TUNE=first` to the first variant of each (the v1 tiles).
+fn tune(gpu: Option<((i32, i32), attnforge::Arch)>) {
+    let only = std::env::var("ATTNFORGE_BWD_TUNE").unwrap_or_default();
+    // (warps, block_n, block_m, q_stages (0 = most that fit), acc_chunk (0 = default)).
+    let t = |num_warps, block_n, block_m, q_stages, acc_chunk| BwdTiles {
+        num_warps,
+        block_n,
+        block_m,
+        q_stages,
+        acc_chunk,
+    };
+    let variants: &[(usize, &[BwdTiles])] = &[
+        (
+            64,
+            &[
+                t(8, 128, 64, 0, 0),
+                t(8, 128, 128, 0, 0),
+                t(8, 128, 128, 0, 16),
+                t(4, 128, 64, 0, 0),
+                t(4, 64, 64, 1, 0),
+            ],
+        ),
+        (
+            128,
+            &[
+                t(8, 64, 64, 0, 0),
+                t(8, 128, 64, 0, 0),
+                t(8, 128, 64, 0, 32),
+                t(4, 64, 64, 1, 0),
+                t(4, 64, 32, 0, 0),
+            ],
+        ),
+        (
+            256,
+            &[
+                t(8, 32, 32, 0, 0),
+                t(8, 64, 64, 0, 0),
+                t(8, 64, 64, 0, 32),
+                t(8, 64, 32, 0, 0),
+            ],
+        ),
+    ];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    for (d, vs) in variants {
+        if only.starts_with('d') && only != format!("d{d}") {
+            continue;
+        }
+        for mask in ["none", "causal-tl"] {
+            let spec_str = format!("bwd.bf16.d{d}.{mask}.dense.sm90a");
+            let mut spec: AttnSpec = spec_str.parse().expect("tune spec");
+            if let Some((cc, arch)) = gpu {
+                spec = on_device(&spec_str.replace("sm90a", "sm80"), cc, arch);
+            }
+            let (b, h, s) = (4, 2048 / d, 4096);
+            let problem = gpu.and_then(|_| BenchProblem::new(spec, b, h, s, &mut rng));
+            let n = if only == "first" { 1 } else { vs.len() };
+            for tiles in vs.iter().take(n) {
+                let Some(k) = build_variant(&spec, *tiles) else {
+                    println!("tune {spec} {tiles:?}: does not plan");
+                    continue;
+                };
+                let main = attnforge::compile::parse_ptxas_log(&k.meta.log)
+                    .into_iter()
+                    .find(|r| r.entry == k.plan.entry);
+                let (regs, spill) = main
+                    .map(|r| (r.registers, r.spill_stores + r.spill_loads))
+                    .unwrap_or((0, 0));
+                let timing = match (&problem, spill) {
+                    (Some(p), 0) => p
+                        .time_ms(&k)
+                        .map(|ms| format!("{ms:8.3} ms {:6.1} TFLOP/s", p.flops() / ms / 1e9))
+                        .unwrap_or_else(|| "launch failed".into()),
+                    (_, 0) => String::new(),
+                    _ => "spills, not timed".into(),
+                };
+                let b = k.plan.bwd.as_ref();
+                println!(
+                    "tune {spec} warps={} bn={:<3} bm={:<3} stages={} chunk={:<2} regs={regs:<3} spill={spill:<5} smem={:<6} {timing}",
+                    tiles.num_warps,
+                    tiles.block_n,
+                    tiles.block_m,
+                    b.map_or(0, |b| b.q_stages),
+                    b.map_or(0, |b| b.acc_chunk),
+                    k.plan.smem_bytes
+                );
+            }
+        }
     }
 }
 
 /// `harness = false`: a plain main, so the skip line is printed in CI logs.
 fn main() {
+    if std::env::var_os("ATTNFORGE_BWD_TUNE").is_some_and(|v| !v.is_empty() && v != "0") {
+        let gpu = attnforge::launch::driver_available()
+            .then(|| common::gpu_or_skip("gpu_bwd tune"))
+            .flatten();
+        tune(gpu);
+        return;
+    }
     gpu_backward_matches_f64_reference();
     println!("gpu_bwd: done");
 }

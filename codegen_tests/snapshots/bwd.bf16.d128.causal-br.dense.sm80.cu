@@ -1,13 +1,15 @@
 // attnforge generated kernel: bwd.bf16.d128.causal-br.dense.sm80
 // template bwd_sm80.cu — FlashAttention-2-style backward on the sm80 instruction
-// path (mma.sync m16n8k16, ldmatrix, cp.async). Plan: block_n=64 kv rows x
-// block_m=64 query rows, 8 warps, Q/dO stages=2.
+// path (mma.sync m16n8k16, ldmatrix, cp.async). Plan: block_n=128 kv rows x
+// block_m=64 query rows, 8 warps, Q/dO stages=1,
+// S/dQ accumulator chunks <= 16 f32 per thread.
 // Do not edit: rendered by attnforge from templates/bwd_sm80.cu.
 //
 // Entry points (one shared BwdParams), launched in this order:
 //   attnforge_bwd_bf16_d128_causal_br_dense_sm80_pre          Dsum = rowsum(dO * O) in f32 (LSE layout); zero dq_accum
 //   attnforge_bwd_bf16_d128_causal_br_dense_sm80              main: one block per (kv tile, batch, kv head): dK, dV,
 //                            and dQ added to the f32 dq_accum with red.global.add
+//                            (one 16-byte red.global.add.v4.f32 per 4 columns on sm_90)
 //   attnforge_bwd_bf16_d128_causal_br_dense_sm80_dq_convert   dQ = scale * dq_accum, in the element type
 //
 // Notation: S = Q K^T (raw), z = S*scale (softcap: z = cap*tanh(S*scale/cap)),
@@ -16,10 +18,10 @@
 // dQ and dK at the end). dV = P^T dO, dK = scale * dS^T Q, dQ = scale * dS K.
 
 constexpr int BLOCK_M = 64;               // query rows per inner step (main)
-constexpr int BLOCK_N = 64;               // kv rows per block (main)
+constexpr int BLOCK_N = 128;               // kv rows per block (main)
 constexpr int NUM_WARPS = 8;
 constexpr int THREADS = NUM_WARPS * 32;
-constexpr int Q_STAGES = 2;             // Q/dO shared-memory buffers
+constexpr int Q_STAGES = 1;             // Q/dO shared-memory buffers
 constexpr int D_QK = 128;                     // real head dims
 constexpr int D_V = 128;
 constexpr int DQK = 128;                  // padded (multiple of 16; see the plan)
@@ -36,12 +38,25 @@ constexpr bool DETERMINISTIC = false;
 // beyond rows*cols sit the product out). Every warp tile is a multiple of 16x16.
 constexpr int S_WN = 4, S_WM = 2;      // S^T, dP^T: [BLOCK_N x BLOCK_M]
 constexpr int S_ROWS = BLOCK_N / S_WN, S_COLS = BLOCK_M / S_WM;
-constexpr int DK_WN = 2, DK_WD = 4;  // dK: [BLOCK_N x DQK]
+constexpr int DK_WN = 4, DK_WD = 2;  // dK: [BLOCK_N x DQK]
 constexpr int DK_ROWS = BLOCK_N / DK_WN, DK_COLS = DQK / DK_WD;
-constexpr int DV_WN = 2, DV_WD = 4;  // dV: [BLOCK_N x DV]
+constexpr int DV_WN = 4, DV_WD = 2;  // dV: [BLOCK_N x DV]
 constexpr int DV_ROWS = BLOCK_N / DV_WN, DV_COLS = DV / DV_WD;
 constexpr int DQ_WM = 2, DQ_WD = 4;  // dQ: [BLOCK_M x DQK] (fast mode)
 constexpr int DQ_ROWS = BLOCK_M / DQ_WM, DQ_COLS = DQK / DQ_WD;
+
+// The S and dQ phases walk their warp tile in column chunks so that their
+// accumulators (on top of the dK/dV accumulators held for the whole block)
+// stay within ACC_CHUNK f32 per thread per array (the plan's choice): a chunk
+// re-reads the A operand from shared memory, for fewer live registers.
+constexpr int ACC_CHUNK = 16;
+// Largest even divisor of nt with mt * 4 * divisor <= ACC_CHUNK (2 at least).
+constexpr int chunk_nt(int mt, int nt) {
+    int best = 2;
+    for (int c = 2; c <= nt; c += 2)
+        if (nt % c == 0 && mt * 4 * c <= ACC_CHUNK) best = c;
+    return best;
+}
 
 constexpr int ROW_WARPS = 4;           // _pre / _dq_convert: one (token, head) row per warp
 
@@ -191,6 +206,20 @@ __device__ __forceinline__ void red_add_f32(float* addr, float v) {
     asm volatile("red.global.add.f32 [%0], %1;\n" :: "l"(addr), "f"(v) : "memory");
 }
 
+// Four consecutive f32 adds (addr 16-byte aligned). sm_90 has a vector
+// reduction (one request for a whole 16-byte chunk); older archs issue four.
+__device__ __forceinline__ void red_add_f32x4(float* addr, float a, float b, float c, float d) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], { %1, %2, %3, %4 };\n"
+                 :: "l"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+#else
+    red_add_f32(addr, a);
+    red_add_f32(addr + 1, b);
+    red_add_f32(addr + 2, c);
+    red_add_f32(addr + 3, d);
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
@@ -233,8 +262,11 @@ __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, lon
                                           int valid_rows, int d_real, int tid) {
     constexpr int CHUNKS = DPAD / 8;                     // 16-byte chunks per row
     const unsigned s0 = smem_addr(smem);
+    constexpr int TOTAL = ROWS * CHUNKS;
 #pragma unroll
-    for (int idx = tid; idx < ROWS * CHUNKS; idx += NTHREADS) {
+    for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {  // compile-time trip count
+        const int idx = tid + i * NTHREADS;
+        if (TOTAL % NTHREADS != 0 && idx >= TOTAL) break;
         const int r = idx / CHUNKS, c = idx % CHUNKS;
         const bool ok = r < valid_rows && c * 8 < d_real;
         const elem_t* src = ok ? gbase + r * stride + c * 8 : gbase;
@@ -504,47 +536,50 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80(const BwdParams p) {
 
         // ---- S phase: S^T = K Q^T, dP^T = V dO^T; P^T and dS^T into shared memory.
         if (warp < S_WN * S_WM) {
-            constexpr int MT = S_ROWS / 16, NT = S_COLS / 8;
+            constexpr int MT = S_ROWS / 16, NT_ALL = S_COLS / 8, NT = chunk_nt(MT, NT_ALL);
             const int r0 = (warp / S_WM) * S_ROWS;       // kv row within the tile
-            const int c0 = (warp % S_WM) * S_COLS;       // query row within the tile
-            float acc_s[MT][NT][4], acc_dp[MT][NT][4];
-            zero_acc(acc_s);
-            zero_acc(acc_dp);
-            warp_gemm<MT, NT, DQK / 16, false, false>(acc_s, sKa, PITCH_QK, r0, sQa, PITCH_QK, c0, lane);
-            warp_gemm<MT, NT, DV / 16, false, false>(acc_dp, sVa, PITCH_V, r0, sdOa, PITCH_V, c0, lane);
             const int m_last = min(m0 + BLOCK_M, sq) - 1;
             const bool edge = (n0 + BLOCK_N > sk) || (MASK_KIND != 0 &&
                 (win.key_lo(m_last) > n0 || win.key_hi(m0) < n0 + BLOCK_N - 1));
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-                for (int e1 = 0; e1 < 2; ++e1) {
-                    const int ci = c0 + nt * 8 + 2 * t + e1;   // query row within the tile
-                    const float lse2 = lse2_t[ci], dsum = dsum_t[ci];
-                    const int lo = win.key_lo(m0 + ci), hi = win.key_hi(m0 + ci);
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-                        for (int r = 0; r < 2; ++r) {
-                            const int e = 2 * r + e1;
-                            const int key = n0 + r0 + mt * 16 + g + 8 * r;
-                            const bool vis = !edge || (key >= lo && key <= hi);
-                            float pr;
-                            acc_dp[mt][nt][e] = score_grad(acc_s[mt][nt][e], acc_dp[mt][nt][e], lse2, dsum, vis, p, pr);
-                            acc_s[mt][nt][e] = pr;
-                        }
-                    }
-                }
-            }
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll 1
+            for (int cc = 0; cc < NT_ALL / NT; ++cc) {
+                const int c0 = (warp % S_WM) * S_COLS + cc * NT * 8;   // query row within the tile
+                float acc_s[MT][NT][4], acc_dp[MT][NT][4];
+                zero_acc(acc_s);
+                zero_acc(acc_dp);
+                warp_gemm<MT, NT, DQK / 16, false, false>(acc_s, sKa, PITCH_QK, r0, sQa, PITCH_QK, c0, lane);
+                warp_gemm<MT, NT, DV / 16, false, false>(acc_dp, sVa, PITCH_V, r0, sdOa, PITCH_V, c0, lane);
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-                    for (int r = 0; r < 2; ++r) {
-                        const int off = (r0 + mt * 16 + g + 8 * r) * PITCH_M + c0 + nt * 8 + 2 * t;
-                        *reinterpret_cast<elem2_t*>(sP + off) = pack2(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]);
-                        *reinterpret_cast<elem2_t*>(sdS + off) = pack2(acc_dp[mt][nt][2 * r], acc_dp[mt][nt][2 * r + 1]);
+                    for (int e1 = 0; e1 < 2; ++e1) {
+                        const int ci = c0 + nt * 8 + 2 * t + e1;   // query row within the tile
+                        const float lse2 = lse2_t[ci], dsum = dsum_t[ci];
+                        const int lo = win.key_lo(m0 + ci), hi = win.key_hi(m0 + ci);
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                            for (int r = 0; r < 2; ++r) {
+                                const int e = 2 * r + e1;
+                                const int key = n0 + r0 + mt * 16 + g + 8 * r;
+                                const bool vis = !edge || (key >= lo && key <= hi);
+                                float pr;
+                                acc_dp[mt][nt][e] = score_grad(acc_s[mt][nt][e], acc_dp[mt][nt][e], lse2, dsum, vis, p, pr);
+                                acc_s[mt][nt][e] = pr;
+                            }
+                        }
+                    }
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                        for (int r = 0; r < 2; ++r) {
+                            const int off = (r0 + mt * 16 + g + 8 * r) * PITCH_M + c0 + nt * 8 + 2 * t;
+                            *reinterpret_cast<elem2_t*>(sP + off) = pack2(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]);
+                            *reinterpret_cast<elem2_t*>(sdS + off) = pack2(acc_dp[mt][nt][2 * r], acc_dp[mt][nt][2 * r + 1]);
+                        }
                     }
                 }
             }
@@ -562,25 +597,33 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80(const BwdParams p) {
         // ---- dQ phase (fast mode): dq_accum += dS K, f32 reductions in global memory.
         if constexpr (!DETERMINISTIC) {
             if (warp < DQ_WM * DQ_WD) {
-                constexpr int MT = DQ_ROWS / 16, NT = DQ_COLS / 8;
-                const int r0 = (warp / DQ_WD) * DQ_ROWS, c0 = (warp % DQ_WD) * DQ_COLS;
-                float acc[MT][NT][4];
-                zero_acc(acc);
-                warp_gemm<MT, NT, BLOCK_N / 16, true, true>(acc, sdSa, PITCH_M, r0, sKa, PITCH_QK, c0, lane);
-                const long long acc_row0 = IS_THD ? (long long)si.q_off + m0 : (long long)b * p.seqlen_q + m0;
-                float* gacc = p.dq_accum + (acc_row0 * p.heads_q + h) * DQK;
-                const long long row_pitch = (long long)p.heads_q * DQK;
+                constexpr int MT = DQ_ROWS / 16, NT_ALL = DQ_COLS / 8, NT = chunk_nt(MT, NT_ALL);
+                const int r0 = (warp / DQ_WD) * DQ_ROWS;
+#pragma unroll 1
+                for (int cc = 0; cc < NT_ALL / NT; ++cc) {
+                    const int c0 = (warp % DQ_WD) * DQ_COLS + cc * NT * 8;
+                    float acc[MT][NT][4];
+                    zero_acc(acc);
+                    warp_gemm<MT, NT, BLOCK_N / 16, true, true>(acc, sdSa, PITCH_M, r0, sKa, PITCH_QK, c0, lane);
+                    const long long acc_row0 = IS_THD ? (long long)si.q_off + m0 : (long long)b * p.seqlen_q + m0;
+                    float* gacc = p.dq_accum + (acc_row0 * p.heads_q + h) * DQK;
+                    const long long row_pitch = (long long)p.heads_q * DQK;
+                    // Lanes t = 2k and 2k + 1 swap halves so that each holds four
+                    // consecutive columns 4k..4k+3 of one row: the even lane of row g,
+                    // the odd lane of row g + 8. One 16-byte reduction per n8 tile.
+                    const bool odd = t & 1;
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
+                    for (int mt = 0; mt < MT; ++mt) {
+                        const int row = r0 + mt * 16 + g + (odd ? 8 : 0);
 #pragma unroll
-                    for (int r = 0; r < 2; ++r) {
-                        const int row = r0 + mt * 16 + g + 8 * r;
-                        if (m0 + row < sq) {
-#pragma unroll
-                            for (int nt = 0; nt < NT; ++nt) {
-                                float* dst = gacc + row * row_pitch + c0 + nt * 8 + 2 * t;
-                                red_add_f32(dst, acc[mt][nt][2 * r]);
-                                red_add_f32(dst + 1, acc[mt][nt][2 * r + 1]);
+                        for (int nt = 0; nt < NT; ++nt) {
+                            const float* a = acc[mt][nt];
+                            const float x0 = __shfl_xor_sync(0xffffffffu, odd ? a[0] : a[2], 1);
+                            const float x1 = __shfl_xor_sync(0xffffffffu, odd ? a[1] : a[3], 1);
+                            if (m0 + row < sq) {
+                                float* dst = gacc + row * row_pitch + c0 + nt * 8 + 4 * (t >> 1);
+                                if (odd) red_add_f32x4(dst, x0, x1, a[2], a[3]);
+                                else red_add_f32x4(dst, a[0], a[1], x0, x1);
                             }
                         }
                     }
