@@ -29,16 +29,22 @@ use super::generated::GENERATED;
 use super::policy::{Policy, PolicyList};
 use super::problem::ProblemKey;
 
-/// Default preference per direction, fastest first as measured on the H200
-/// in one run (docs/benchmarks/2026-12-02-bench-fwd-bwd.md, bf16): cuDNN,
-/// then FlashAttention-2, then our generated kernels (0.74-1.02x FA2 forward,
-/// 0.26-0.75x backward there). Ours take what the others decline (softcap,
-/// sliding windows, bottom-right causal with seqlen_q != seqlen_k,
-/// deterministic backward, ...) and everything where no front end registers
-/// direct backends (Rust callers, the C ABI). Revisit with each new figure.
-pub const DEFAULT_RANKING: &[(Direction, &[&str])] = &[
-    (Direction::Fwd, &[TORCH_CUDNN, TORCH_FLASH, GENERATED]),
-    (Direction::Bwd, &[TORCH_CUDNN, TORCH_FLASH, GENERATED]),
+/// Default preference per direction and device generation, fastest first
+/// as measured on the H200 (bf16): cuDNN ahead of FlashAttention-2 in both
+/// directions (docs/benchmarks/2026-12-02-bench-fwd-bwd.md). On Hopper our
+/// forward is the wgmma/TMA kernel, 1.3-2.4x the FA2 forward and 0.87-0.91x
+/// cuDNN's (docs/kernels.md, fwd_sm90a), so it ranks between them; elsewhere
+/// the forward is the sm80 path (0.74-1.02x FA2) and ranks last, as does our
+/// backward everywhere (0.66-0.77x FA2). Ours still take what the others
+/// decline (softcap, sliding windows, bottom-right causal with
+/// seqlen_q != seqlen_k, deterministic backward, ...) and everything where no
+/// front end registers direct backends (Rust callers, the C ABI).
+/// Rows: (direction, lowest compute-capability major the row applies to,
+/// order); the first row that applies wins. Revisit with each new figure.
+pub const DEFAULT_RANKING: &[(Direction, u8, &[&str])] = &[
+    (Direction::Fwd, 9, &[TORCH_CUDNN, GENERATED, TORCH_FLASH]),
+    (Direction::Fwd, 0, &[TORCH_CUDNN, TORCH_FLASH, GENERATED]),
+    (Direction::Bwd, 0, &[TORCH_CUDNN, TORCH_FLASH, GENERATED]),
 ];
 
 type Backends = Vec<Arc<dyn Backend>>;
@@ -111,11 +117,11 @@ pub struct Decision {
     pub bwd: DirDecision,
 }
 
-fn default_order(direction: Direction, backends: &[Arc<dyn Backend>]) -> Vec<Arc<dyn Backend>> {
+fn default_order(direction: Direction, key: &ProblemKey, backends: &[Arc<dyn Backend>]) -> Vec<Arc<dyn Backend>> {
     let table: &[&str] = DEFAULT_RANKING
         .iter()
-        .find(|(d, _)| *d == direction)
-        .map(|(_, names)| *names)
+        .find(|(d, major, _)| *d == direction && key.cc.major >= *major)
+        .map(|(_, _, names)| *names)
         .unwrap_or(&[]);
     let rank = |b: &Arc<dyn Backend>| table.iter().position(|n| *n == b.name()).unwrap_or(table.len());
     let mut order: Vec<Arc<dyn Backend>> = backends.to_vec();
@@ -134,7 +140,7 @@ pub fn decide_direction(
 ) -> DirDecision {
     let mut ranked = Vec::new();
     let (order, excluded): (Backends, Backends) = match policy {
-        None => (default_order(direction, backends), Vec::new()),
+        None => (default_order(direction, key, backends), Vec::new()),
         Some(list) => {
             for name in &list.names {
                 if !backends.iter().any(|b| b.name() == name) {

@@ -39,12 +39,19 @@ fn order(dd: &DirDecision) -> Vec<&'static str> {
 #[test]
 fn default_ranking_follows_measured_speed() {
     // On a plain problem every backend is eligible; the measured order
-    // (cuDNN, FA2, ours) decides in both directions.
+    // decides: on Hopper cuDNN, ours (wgmma), FA2 forward and cuDNN, FA2,
+    // ours backward; on sm80 ours last in both directions.
     let d = torch(Policy::auto());
     let p = dense(128).with_mask(Mask::CausalBottomRight).with_grad();
+    let mut p80 = p;
+    p80.cc = SM80;
+    assert_eq!(
+        order(&d.decide_problem(&p80).unwrap().fwd),
+        ["torch-cudnn", "torch-flash", "generated"]
+    );
     let dec = d.decide_problem(&p).unwrap();
     assert_eq!(dec.fwd.chosen().unwrap().name(), "torch-cudnn");
-    assert_eq!(order(&dec.fwd), ["torch-cudnn", "torch-flash", "generated"]);
+    assert_eq!(order(&dec.fwd), ["torch-cudnn", "generated", "torch-flash"]);
     assert_eq!(dec.fwd.ranked[1].verdict, Verdict::Eligible);
     assert_eq!(dec.fwd.ranked[2].verdict, Verdict::Eligible);
     assert_eq!(dec.bwd.chosen().unwrap().name(), "torch-cudnn");
@@ -433,7 +440,7 @@ fn a_native_backend_slots_in_after_the_ranking_table() {
     let dec = d.decide_problem(&p).unwrap();
     assert_eq!(
         order(&dec.fwd),
-        ["torch-cudnn", "torch-flash", "generated", "cudnn-graph"]
+        ["torch-cudnn", "generated", "torch-flash", "cudnn-graph"]
     );
     d.set_policy(Policy::auto().with_fwd("cudnn-graph"));
     let t = TensorArg::bshd(0x1000, 2048, 16, 128);
