@@ -32,7 +32,7 @@ use super::problem::ProblemKey;
 /// Default preference per direction and device generation, fastest first
 /// as measured on the H200 (bf16): cuDNN ahead of FlashAttention-2 in both
 /// directions (docs/benchmarks/2026-12-02-bench-fwd-bwd.md). On Hopper our
-/// forward is the wgmma/TMA kernel, 1.3-2.4x the FA2 forward and 0.87-0.91x
+/// forward is the wgmma/TMA kernel, 1.1-2.0x the FA2 forward and 0.72-0.94x
 /// cuDNN's (docs/kernels.md, fwd_sm90a), so it ranks between them; elsewhere
 /// the forward is the sm80 path (0.74-1.02x FA2) and ranks last, as does our
 /// backward everywhere (0.66-0.77x FA2). Ours still take what the others
