@@ -168,14 +168,10 @@ def _targ(t: Tensor, thd: bool) -> Tuple[int, int, int, int]:
 
 def _kernel_ready(t: Tensor) -> Tensor:
     """``t`` if the generated kernels can read it in place (16-byte aligned
-    pointer and rows, head dim contiguous), else a contiguous copy."""
-    ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-    if ok:
-        for d in range(t.dim() - 1):
-            if t.shape[d] != 1 and t.stride(d) % 8 != 0:
-                ok = False
-                break
-    return t if ok else t.clone(memory_format=torch.contiguous_format)
+    pointer and rows, head dim contiguous, no broadcast dimension: the sm90a
+    forward's TMA descriptors cannot describe a stride of 0), else a
+    contiguous copy."""
+    return t if t.data_ptr() % 16 == 0 and _in_place_ok(t) else t.clone(memory_format=torch.contiguous_format)
 
 
 def _same_cu(a: Optional[Tensor], b: Optional[Tensor]) -> bool:
@@ -850,7 +846,7 @@ def _in_place_ok(t: Tensor) -> bool:
     """The strides rule of :func:`_kernel_ready` (the pointer is checked per call)."""
     if t.stride(-1) != 1:
         return False
-    return all(t.shape[d] == 1 or t.stride(d) % 8 == 0 for d in range(t.dim() - 1))
+    return all(t.shape[d] == 1 or (t.stride(d) % 8 == 0 and t.stride(d) != 0) for d in range(t.dim() - 1))
 
 
 class _FastEntry:

@@ -212,6 +212,10 @@ def test_what_the_custom_op_path_refuses_or_copies_gets_no_entry():
     odd = torch.randn(1, 8, 128, 68, dtype=BF16)[..., :64]  # row stride 68: copied by the custom-op path
     assert plan(odd) is None
     assert plan(q, k=q.transpose(2, 3)) is None, "k head dim not contiguous"
+    # A broadcast (stride 0) over several heads: the sm90a forward's TMA cannot read it in place.
+    wide = bhsd(h=1).expand(1, 8, 128, 64)
+    assert plan(q, k=wide, v=wide) is None, "broadcast heads are copied by the custom-op path"
+    assert at._kernel_ready(wide).stride() == (8 * 128 * 64, 128 * 64, 64, 1)
     # Grad needed and no backward anywhere: refused (the custom-op path names why).
     attnforge.set_policy(fwd=OURS_FIRST, bwd="torch-cudnn")
     assert plan(bhsd(d=192), grad=False) is not None
