@@ -14,8 +14,10 @@
  *    attnforge_last_error() gives this thread's message for the last failure.
  *  - Strides are in elements, for (batch, seq, head); the head-dim stride is 1.
  *    Dense tensors: Q/O [batch, seqlen_q, heads_q, d], K/V [batch, seqlen_k,
- *    heads_kv, d], any strides. THD (ragged): [total_tokens, heads, d] with
- *    int32 cu_seqlens_q/k of batch + 1 prefix sums (device pointers).
+ *    heads_kv, d], any strides that are multiples of 8 elements (on sm90a,
+ *    where the forward reads through TMA, no stride 0 over a dimension longer
+ *    than 1). THD (ragged): [total_tokens, heads, d] with int32 cu_seqlens_q/k
+ *    of batch + 1 prefix sums (device pointers) and total_q/total_k set.
  *  - LSE is f32, natural log: dense [batch, heads_q, seqlen_q], THD
  *    [heads_q, total_q], contiguous (attnforge_fwd_context says which).
  *  - Text outputs are NUL-terminated and truncated to the buffer.

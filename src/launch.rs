@@ -10,7 +10,12 @@
 //!   with any (batch, seq, head) strides — BSHD, BHSD, SBHD and views into a
 //!   packed qkv all fit;
 //! - THD (ragged): `[total_tokens, heads, d]`, `cu_seqlens_q/k` int32 prefix sums
-//!   of length `batch + 1`; the batch stride is ignored.
+//!   of length `batch + 1`; the batch stride is ignored; the sm90a forward also
+//!   needs `total_k` (its TMA descriptors bound the K/V reads).
+//!
+//! The sm90a forward reads through TMA descriptors: a stride of 0 over a
+//! dimension longer than 1 (a broadcast view) is refused with a typed error;
+//! pass a materialized tensor (the torch front end copies such views).
 //!
 //! LSE (f32, natural log) is written contiguous: `[batch, heads_q, seqlen_q]`
 //! dense, `[heads_q, total_q]` THD. That is the context any backward consumes.
