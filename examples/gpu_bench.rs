@@ -94,28 +94,13 @@ fn bhsd_args(qkvo: [u64; 4], lse: u64, b: usize, h: usize, s: usize, d: usize) -
 
 /// Build a kernel for `spec` with an explicit tile shape (tuning), or None when it spills.
 fn build_variant(spec: &AttnSpec, tiles: attnforge::plan::FwdTiles) -> Option<attnforge::CompiledKernel> {
-    use attnforge::compile::Nvrtc;
-    use attnforge::jit::{cache_key, compile_options, compile_plan};
-    let plan = attnforge::plan::plan_fwd_sm80_with(spec, tiles);
-    let rendered = attnforge::render::render(&plan).ok()?;
-    let nvrtc = Nvrtc::get().ok()?;
-    let key = cache_key(&plan, &rendered, &nvrtc.version_string(), &compile_options(&plan));
-    let (cubin, meta) = compile_plan(&plan, &rendered, nvrtc).ok()?;
-    if meta.spill_stores + meta.spill_loads > 0 {
-        println!(
-            "{spec} {tiles:?}: spills {} B, skipped",
-            meta.spill_stores + meta.spill_loads
-        );
+    let k = attnforge::jit::build_plan(attnforge::plan::plan_fwd_sm80_with(spec, tiles)).ok()?;
+    let spills = k.meta.spill_stores + k.meta.spill_loads;
+    if spills > 0 {
+        println!("{spec} {tiles:?}: spills {spills} B, skipped");
         return None;
     }
-    Some(attnforge::CompiledKernel {
-        spec: *spec,
-        plan,
-        key,
-        cubin,
-        meta,
-        origin: attnforge::Origin::Compiled,
-    })
+    Some(k)
 }
 
 /// TFLOP/s of the sm80 instruction path on `fa` when the planner chose

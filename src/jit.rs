@@ -370,7 +370,58 @@ pub fn compile_plan(plan: &KernelPlan, rendered: &Rendered, nvrtc: &Nvrtc) -> Re
     Ok((out.binary, meta))
 }
 
+/// Compile an explicit plan (a tuning variant, or a template other than the
+/// planner's choice) into a kernel, outside the cache and the memo: the key
+/// is the one the cache would use, so the kernel stays distinguishable.
+pub fn build_plan(plan: KernelPlan) -> Result<CompiledKernel, Error> {
+    let rendered = render(&plan)?;
+    let nvrtc = Nvrtc::get()?;
+    let key = cache_key(&plan, &rendered, &nvrtc.version_string(), &compile_options(&plan));
+    let (cubin, meta) = compile_plan(&plan, &rendered, nvrtc)?;
+    Ok(CompiledKernel {
+        spec: plan.spec,
+        plan,
+        key,
+        cubin,
+        meta,
+        origin: Origin::Compiled,
+    })
+}
+
 /// Build (or fetch) the kernel for `spec` with the process-wide cache.
 pub fn get_or_build(spec: &AttnSpec) -> Result<Arc<CompiledKernel>, Error> {
     Jit::global().get_or_build(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compile::CompileError;
+    use crate::plan::{default_fwd_tiles, plan_fwd_sm80_with, Template};
+
+    #[test]
+    fn build_plan_compiles_a_plan_the_planner_did_not_choose() {
+        let nvrtc = match Nvrtc::get() {
+            Ok(n) => n,
+            Err(e @ CompileError::NotFound { .. }) => {
+                if std::env::var_os("ATTNFORGE_REQUIRE_NVRTC").is_some_and(|v| v != "0") {
+                    panic!("ATTNFORGE_REQUIRE_NVRTC is set but NVRTC is missing: {e}");
+                }
+                println!("skipped: NVRTC not found");
+                return;
+            }
+            Err(e) => panic!("NVRTC found but unusable: {e}"),
+        };
+        let spec: AttnSpec = "fwd.bf16.d64.causal-br.dense.sm90a".parse().unwrap();
+        let planned = plan(&spec).unwrap();
+        assert_eq!(planned.template, Template::FwdSm90a);
+        let k = build_plan(plan_fwd_sm80_with(&spec, default_fwd_tiles(&spec))).unwrap();
+        assert_eq!((k.spec, k.plan.template), (spec, Template::FwdSm80));
+        assert_eq!(&k.cubin[..4], b"\x7fELF");
+        assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0);
+        // Its key is not the planner's kernel's: the two never alias in a cache.
+        let rendered = render(&planned).unwrap();
+        let planned_key = cache_key(&planned, &rendered, &nvrtc.version_string(), &compile_options(&planned));
+        assert_ne!(k.key, planned_key);
+    }
 }

@@ -643,27 +643,10 @@ fn bench(cc: (i32, i32), device_arch: attnforge::Arch) {
 /// Build a backward kernel with an explicit tile shape (tuning), reporting
 /// the main kernel's registers and spills; None when the shape does not plan.
 fn build_variant(spec: &AttnSpec, tiles: BwdTiles) -> Option<attnforge::CompiledKernel> {
-    use attnforge::compile::Nvrtc;
-    use attnforge::jit::{cache_key, compile_options, compile_plan};
     let plan = attnforge::plan::plan_bwd::plan_bwd_sm80_with(spec, tiles)?;
-    let rendered = attnforge::render::render(&plan).ok()?;
-    let nvrtc = Nvrtc::get().ok()?;
-    let key = cache_key(&plan, &rendered, &nvrtc.version_string(), &compile_options(&plan));
-    let (cubin, meta) = match compile_plan(&plan, &rendered, nvrtc) {
-        Ok(x) => x,
-        Err(e) => {
-            println!("{spec} {tiles:?}: build failed: {e}");
-            return None;
-        }
-    };
-    Some(attnforge::CompiledKernel {
-        spec: *spec,
-        plan,
-        key,
-        cubin,
-        meta,
-        origin: attnforge::Origin::Compiled,
-    })
+    attnforge::jit::build_plan(plan)
+        .map_err(|e| println!("{spec} {tiles:?}: build failed: {e}"))
+        .ok()
 }
 
 /// `ATTNFORGE_BWD_TUNE=1`: main-kernel tile variants per head dim: registers

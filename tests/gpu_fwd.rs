@@ -401,28 +401,13 @@ fn main() {
 /// planner routes there what the wgmma template does not take), so that one
 /// H200 run checks both templates on every case.
 fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel)> {
-    use attnforge::compile::Nvrtc;
-    use attnforge::jit::{cache_key, compile_options, compile_plan};
     use attnforge::plan::{default_fwd_tiles, plan_fwd_sm80_with, Template};
     let planned = attnforge::get_or_build(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
     let mut v = vec![(planned.plan.template.file(), (*planned).clone())];
     if planned.plan.template != Template::FwdSm80 {
-        let plan = plan_fwd_sm80_with(spec, default_fwd_tiles(spec));
-        let rendered = attnforge::render::render(&plan).expect("render");
-        let nvrtc = Nvrtc::get().expect("nvrtc");
-        let key = cache_key(&plan, &rendered, &nvrtc.version_string(), &compile_options(&plan));
-        let (cubin, meta) = compile_plan(&plan, &rendered, nvrtc).unwrap_or_else(|e| panic!("{spec} (sm80 path): {e}"));
-        v.push((
-            Template::FwdSm80.file(),
-            attnforge::CompiledKernel {
-                spec: *spec,
-                plan,
-                key,
-                cubin,
-                meta,
-                origin: attnforge::Origin::Compiled,
-            },
-        ));
+        let sm80 = attnforge::jit::build_plan(plan_fwd_sm80_with(spec, default_fwd_tiles(spec)))
+            .unwrap_or_else(|e| panic!("{spec} (sm80 path): {e}"));
+        v.push((Template::FwdSm80.file(), sm80));
     }
     v
 }
