@@ -579,36 +579,42 @@ pub unsafe fn launch_fwd(k: &LoadedKernel, args: &FwdArgs, stream: sys::CUstream
     let Some((mut params, dims)) = check_fwd(&k.plan, args)? else {
         return Ok(());
     };
-    if k.plan.template == Template::FwdSm90a {
-        let views = fwd_tma_views(&k.plan, args)?;
-        let cached = k
+    // The sm90a forward takes its Q/K/V tensor maps after the parameter block.
+    let (mut maps, n) = if k.plan.template == Template::FwdSm90a {
+        (k.tensor_maps(args)?, 4)
+    } else {
+        ([sys::CUtensorMap { opaque: [0; 16] }; 3], 1)
+    };
+    let [tq, tk, tv] = &mut maps;
+    let mut kp: [*mut c_void; 4] = [
+        &mut params as *mut FwdParams as *mut c_void,
+        tq as *mut sys::CUtensorMap as *mut c_void,
+        tk as *mut sys::CUtensorMap as *mut c_void,
+        tv as *mut sys::CUtensorMap as *mut c_void,
+    ];
+    result::launch_kernel(k.func, dims.grid, dims.block, dims.smem, stream, &mut kp[..n])
+        .map_err(driver_err("cuLaunchKernel"))
+}
+
+impl LoadedKernel {
+    /// The sm90a forward's tensor maps for a checked call: the last call's
+    /// when its views are the same (the maps are a pure function of them),
+    /// else encoded by the driver and kept.
+    fn tensor_maps(&self, args: &FwdArgs) -> Result<[sys::CUtensorMap; 3], LaunchError> {
+        let views = fwd_tma_views(&self.plan, args)?;
+        let mut last = self
             .last_maps
             .lock()
-            .ok()
-            .and_then(|m| m.as_ref().filter(|(v, _)| *v == views).map(|(_, maps)| *maps));
-        let maps = match cached {
-            Some(maps) => maps,
-            None => {
-                let maps = encode_tensor_maps(&k.plan, &views)?;
-                if let Ok(mut m) = k.last_maps.lock() {
-                    *m = Some((views, maps));
-                }
-                maps
+            .map_err(|_| invalid("tensor maps", "tensor-map cache poisoned"))?;
+        if let Some((v, maps)) = last.as_ref() {
+            if *v == views {
+                return Ok(*maps);
             }
-        };
-        let [mut tq, mut tk, mut tv] = maps;
-        let mut kp: [*mut c_void; 4] = [
-            &mut params as *mut FwdParams as *mut c_void,
-            &mut tq as *mut sys::CUtensorMap as *mut c_void,
-            &mut tk as *mut sys::CUtensorMap as *mut c_void,
-            &mut tv as *mut sys::CUtensorMap as *mut c_void,
-        ];
-        return result::launch_kernel(k.func, dims.grid, dims.block, dims.smem, stream, &mut kp)
-            .map_err(driver_err("cuLaunchKernel"));
+        }
+        let maps = encode_tensor_maps(&self.plan, &views)?;
+        *last = Some((views, maps));
+        Ok(maps)
     }
-    let mut kp: [*mut c_void; 1] = [&mut params as *mut FwdParams as *mut c_void];
-    result::launch_kernel(k.func, dims.grid, dims.block, dims.smem, stream, &mut kp)
-        .map_err(driver_err("cuLaunchKernel"))
 }
 
 /// The shape of one TMA descriptor of the sm90a forward: a 4-D tiled view
@@ -643,25 +649,21 @@ pub fn fwd_tma_views(plan: &KernelPlan, a: &FwdArgs) -> Result<[TmaView; 3], Lau
         let elems = [t.stride_seq, t.stride_head, if thd { 0 } else { t.stride_batch }];
         let mut strides = [0u64; 3];
         for i in 0..3 {
-            let bytes = elems[i] as u64 * 2;
-            strides[i] = if dims[i + 1] == 1 {
-                if bytes == 0 {
-                    16
-                } else {
-                    bytes
+            // check_tensors has made the strides non-negative multiples of 8 elements.
+            strides[i] = match (dims[i + 1], elems[i] as u64 * 2) {
+                (1, 0) => 16, // never stepped over: any valid stride
+                (_, 0) => {
+                    return Err(invalid(
+                        name,
+                        "a stride of 0 over more than one row/head/batch (a broadcast view) cannot be read by the \
+                         sm90a forward's TMA; pass a materialized tensor",
+                    ))
                 }
-            } else if bytes == 0 {
-                return Err(invalid(
-                    name,
-                    "a stride of 0 over more than one row/head/batch (a broadcast view) cannot be read by the sm90a \
-                     forward's TMA; pass a materialized tensor",
-                ));
-            } else {
-                bytes
+                (_, bytes) if bytes >= 1 << 40 => {
+                    return Err(invalid(name, "strides must be below 2^40 bytes for TMA"))
+                }
+                (_, bytes) => bytes,
             };
-            if strides[i] >= 1 << 40 {
-                return Err(invalid(name, "strides must be below 2^40 bytes for TMA"));
-            }
         }
         Ok(TmaView {
             ptr: t.ptr,
