@@ -141,10 +141,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         return;
     }
 
-{% if pipelined %}
-    // Consumers. Software-pipelined by one tile: while the tensor cores run
-    // S(it) = Q K(it)^T and O += P(it-1) V(it-1), the warpgroup waits only
-    // for S(it), then does tile it's softmax as the P V product finishes.
+    // Consumers.
     regs_claim<{{ consumer_regs }}>();
     const int cw = wg - 1;
     const int warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -157,9 +154,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_o[j][e] = 0.f;
     float acc_s[1][BLOCK_N / 8][4];
-    unsigned pa[BLOCK_N / 16][4];                        // P of the previous tile, the A operand of P V
+    unsigned pa[BLOCK_N / 16][4];                        // P, the A operand of P V
 
     const unsigned q_rows = sQ + cw * 64 * 128;          // this warpgroup's 64 rows in each chunk
+    // S = Q K(stage s)^T, committed as one wgmma group.
     auto issue_qk = [&](int s) {
 #pragma unroll
         for (int ks = 0; ks < QK_KSTEPS; ++ks) {
@@ -171,6 +169,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         }
         wgmma_commit();
     };
+    // O += P V(stage s), committed as one wgmma group.
     auto issue_pv = [&](int s) {
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk)
@@ -179,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     };
     // Scale (and softcap) into the log2 domain, mask edge tiles, online
     // softmax; returns the rescale factors of O in `alpha`.
-    auto softmax_tile = [&](int n0, float (&alpha)[1][2]) {
+    auto softmax_tile = [&](int n0, float (&alpha)[2]) {
 #pragma unroll
         for (int j = 0; j < BLOCK_N / 8; ++j)
 #pragma unroll
@@ -190,10 +189,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const bool edge = (n0 + BLOCK_N > sk) || (MASK_KIND != 0 &&
             (win.key_lo(last_row) > n0 || win.key_hi(m0) < n0 + BLOCK_N - 1));
         if (edge) apply_mask<1, BLOCK_N>(acc_s, win, row0, n0 + 2 * t);
-        online_softmax<1, BLOCK_N / 8>(acc_s, row_max, row_sum, alpha);
+        online_softmax<1, BLOCK_N / 8>(acc_s, row_max, row_sum, [&](int, int r, float a) { alpha[r] = a; });
+    };
+    auto rescale_o = [&](const float (&alpha)[2]) {
+#pragma unroll
+        for (int j = 0; j < DV / 8; ++j) {
+            acc_o[j][0] *= alpha[0];
+            acc_o[j][1] *= alpha[0];
+            acc_o[j][2] *= alpha[1];
+            acc_o[j][3] *= alpha[1];
+        }
     };
     // P as bf16/f16 A fragments: the S accumulator of two n-tiles is the A
-    // fragment of one k-step.
+    // fragment of one k-step. Packed whole before the wgmma fence, so that
+    // the P V wgmmas issue back to back.
     auto pack_p = [&]() {
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
@@ -208,13 +217,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (lane == 0) mbar_arrive(kv_empty(s));         // this warp is done with stage s
     };
 
+    if (n_tiles > 0) mbar_wait(bar_q, 0);
+{% if pipelined %}
+    // Software-pipelined by one tile: while the tensor cores run S(it) and
+    // P(it-1) V(it-1), the warpgroup waits only for S(it) and does its
+    // softmax as the P V product finishes.
     if (n_tiles > 0) {
-        mbar_wait(bar_q, 0);
         mbar_wait(k_full(0), 0);
         wgmma_fence();
         issue_qk(0);
         wgmma_wait<0>();
-        float alpha[1][2];
+        float alpha[2];
         softmax_tile(n_begin, alpha);                    // O is still zero: alpha unused
         pack_p();
     }
@@ -226,17 +239,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         mbar_wait(v_full(prev), ((it - 1) / STAGES) & 1);
         issue_pv(prev);
         wgmma_wait<1>();                                 // S(it) ready; P V may still run
-        float alpha[1][2];
+        float alpha[2];
         softmax_tile(n_begin + it * BLOCK_N, alpha);
         wgmma_wait<0>();                                 // P(it-1) V(it-1) done
         release(prev);
-#pragma unroll
-        for (int j = 0; j < DV / 8; ++j) {
-            acc_o[j][0] *= alpha[0][0];
-            acc_o[j][1] *= alpha[0][0];
-            acc_o[j][2] *= alpha[0][1];
-            acc_o[j][3] *= alpha[0][1];
-        }
+        rescale_o(alpha);
         pack_p();
     }
     if (n_tiles > 0) {
@@ -247,88 +254,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_wait<0>();
         release(last);
     }
-
 {% else %}
-    // Consumers.
-    regs_claim<{{ consumer_regs }}>();
-    const int cw = wg - 1;
-    const int warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int row0 = m0 + cw * 64 + warp * 16 + g;       // this thread's first row (and row0 + 8)
-
-    float acc_o[DV / 8][4];
-    float row_max[1][2] = {{ "{{" }}NEG_INF, NEG_INF{{ "}}" }}, row_sum[1][2] = {{ "{{" }}0.f, 0.f{{ "}}" }};
-#pragma unroll
-    for (int j = 0; j < DV / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_o[j][e] = 0.f;
-
-    if (n_tiles > 0) mbar_wait(bar_q, 0);
-    const unsigned q_rows = sQ + cw * 64 * 128;          // this warpgroup's 64 rows in each chunk
-
+    // One tile at a time: S, softmax, P V (the other consumer warpgroup
+    // fills the tensor cores meanwhile).
     for (int it = 0; it < n_tiles; ++it) {
         const int s = it % STAGES;
         const unsigned phase = (it / STAGES) & 1;
-        const int n0 = n_begin + it * BLOCK_N;
-
-        // S = Q K^T.
-        float acc_s[1][BLOCK_N / 8][4];
         mbar_wait(k_full(s), phase);
         wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < QK_KSTEPS; ++ks) {
-            const unsigned in_chunk = (ks % 4) * 32;
-            wgmma_qk(acc_s[0],
-                     sw128_desc(q_rows + (ks / 4) * BLOCK_M * 128 + in_chunk, 16),
-                     sw128_desc(sK + s * K_BYTES + (ks / 4) * BLOCK_N * 128 + in_chunk, 16),
-                     ks > 0);
-        }
-        wgmma_commit();
+        issue_qk(s);
         wgmma_wait<0>();
-
-        // Scale (and softcap) into the log2 domain; mask edge tiles; online softmax.
-#pragma unroll
-        for (int j = 0; j < BLOCK_N / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                if constexpr (SOFTCAP) acc_s[0][j][e] = p.softcap_post * fast_tanh(acc_s[0][j][e] * p.softcap_pre);
-                else acc_s[0][j][e] *= p.scale_log2;
-            }
-        const bool edge = (n0 + BLOCK_N > sk) || (MASK_KIND != 0 &&
-            (win.key_lo(last_row) > n0 || win.key_hi(m0) < n0 + BLOCK_N - 1));
-        if (edge) apply_mask<1, BLOCK_N>(acc_s, win, row0, n0 + 2 * t);
-        float alpha[1][2];
-        online_softmax<1, BLOCK_N / 8>(acc_s, row_max, row_sum, alpha);
-#pragma unroll
-        for (int j = 0; j < DV / 8; ++j) {
-            acc_o[j][0] *= alpha[0][0];
-            acc_o[j][1] *= alpha[0][0];
-            acc_o[j][2] *= alpha[0][1];
-            acc_o[j][3] *= alpha[0][1];
-        }
-
-        // O += P V: the S accumulator of two n-tiles is the A fragment of one
-        // k-step. P is packed whole before the fence so that the wgmmas issue
-        // back to back.
-        unsigned pa[BLOCK_N / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-            pa[kk][0] = pack2(acc_s[0][2 * kk][0], acc_s[0][2 * kk][1]);
-            pa[kk][1] = pack2(acc_s[0][2 * kk][2], acc_s[0][2 * kk][3]);
-            pa[kk][2] = pack2(acc_s[0][2 * kk + 1][0], acc_s[0][2 * kk + 1][1]);
-            pa[kk][3] = pack2(acc_s[0][2 * kk + 1][2], acc_s[0][2 * kk + 1][3]);
-        }
+        float alpha[2];
+        softmax_tile(n_begin + it * BLOCK_N, alpha);
+        rescale_o(alpha);
+        pack_p();
         mbar_wait(v_full(s), phase);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-            wgmma_pv(acc_o, pa[kk], sw128_desc(sV + s * V_BYTES + kk * 16 * 128, BLOCK_N * 128));
-        wgmma_commit();
+        issue_pv(s);
         wgmma_wait<0>();
-        __syncwarp();
-        if (lane == 0) mbar_arrive(kv_empty(s));         // this warp is done with stage s
+        release(s);
     }
-
 {% endif %}
+
     // Epilogue: normalize, write O (elements) and LSE (f32, natural log).
     elem_t* gO = p.o + b * p.o_sb + (long long)q_off * p.o_ss + h * p.o_sh;
     float* gL = p.lse + b * p.lse_sb + h * p.lse_sh + q_off;

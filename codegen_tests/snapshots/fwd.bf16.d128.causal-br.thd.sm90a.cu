@@ -232,11 +232,12 @@ __device__ __forceinline__ void apply_mask(float (&s)[MT][BN / 8][4], const RowW
 
 // One tile of the online softmax, scores already scaled into the log2 domain
 // and masked: per row, raise the running max, turn the scores into
-// probabilities in place, add them to the running sum, and return in
-// `alpha` the factor that rescales what O has accumulated so far.
-template <int MT, int NT>
+// probabilities in place, add them to the running sum, and hand
+// `rescale(mt, r, alpha)` the factor that rescales what O has accumulated so
+// far in that row (called row by row, so O can be rescaled right there).
+template <int MT, int NT, typename Rescale>
 __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&row_max)[MT][2],
-                                               float (&row_sum)[MT][2], float (&alpha)[MT][2]) {
+                                               float (&row_sum)[MT][2], Rescale rescale) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -247,7 +248,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&ro
             tile_max = quad_max(tile_max);
             const float m_new = fmaxf(row_max[mt][r], tile_max);
             const float m_use = m_new == NEG_INF ? 0.f : m_new;   // fully masked so far: all p = 0
-            alpha[mt][r] = fast_exp2(row_max[mt][r] - m_use);
+            const float alpha = fast_exp2(row_max[mt][r] - m_use);
             row_max[mt][r] = m_new;
             float sum = 0.f;
 #pragma unroll
@@ -258,7 +259,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&ro
                     s[mt][j][2 * r + e] = pv;
                     sum += pv;
                 }
-            row_sum[mt][r] = row_sum[mt][r] * alpha[mt][r] + sum;
+            row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+            rescale(mt, r, alpha);
         }
 }
 
@@ -421,7 +423,6 @@ attnforge_fwd_bf16_d128_causal_br_thd_sm90a(const __grid_constant__ FwdParams p,
         return;
     }
 
-
     // Consumers.
     regs_claim<240>();
     const int cw = wg - 1;
@@ -434,19 +435,12 @@ attnforge_fwd_bf16_d128_causal_br_thd_sm90a(const __grid_constant__ FwdParams p,
     for (int j = 0; j < DV / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_o[j][e] = 0.f;
+    float acc_s[1][BLOCK_N / 8][4];
+    unsigned pa[BLOCK_N / 16][4];                        // P, the A operand of P V
 
-    if (n_tiles > 0) mbar_wait(bar_q, 0);
     const unsigned q_rows = sQ + cw * 64 * 128;          // this warpgroup's 64 rows in each chunk
-
-    for (int it = 0; it < n_tiles; ++it) {
-        const int s = it % STAGES;
-        const unsigned phase = (it / STAGES) & 1;
-        const int n0 = n_begin + it * BLOCK_N;
-
-        // S = Q K^T.
-        float acc_s[1][BLOCK_N / 8][4];
-        mbar_wait(k_full(s), phase);
-        wgmma_fence();
+    // S = Q K(stage s)^T, committed as one wgmma group.
+    auto issue_qk = [&](int s) {
 #pragma unroll
         for (int ks = 0; ks < QK_KSTEPS; ++ks) {
             const unsigned in_chunk = (ks % 4) * 32;
@@ -456,9 +450,17 @@ attnforge_fwd_bf16_d128_causal_br_thd_sm90a(const __grid_constant__ FwdParams p,
                      ks > 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();
-
-        // Scale (and softcap) into the log2 domain; mask edge tiles; online softmax.
+    };
+    // O += P V(stage s), committed as one wgmma group.
+    auto issue_pv = [&](int s) {
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+            wgmma_pv(acc_o, pa[kk], sw128_desc(sV + s * V_BYTES + kk * 16 * 128, BLOCK_N * 128));
+        wgmma_commit();
+    };
+    // Scale (and softcap) into the log2 domain, mask edge tiles, online
+    // softmax; returns the rescale factors of O in `alpha`.
+    auto softmax_tile = [&](int n0, float (&alpha)[2]) {
 #pragma unroll
         for (int j = 0; j < BLOCK_N / 8; ++j)
 #pragma unroll
@@ -469,20 +471,21 @@ attnforge_fwd_bf16_d128_causal_br_thd_sm90a(const __grid_constant__ FwdParams p,
         const bool edge = (n0 + BLOCK_N > sk) || (MASK_KIND != 0 &&
             (win.key_lo(last_row) > n0 || win.key_hi(m0) < n0 + BLOCK_N - 1));
         if (edge) apply_mask<1, BLOCK_N>(acc_s, win, row0, n0 + 2 * t);
-        float alpha[1][2];
-        online_softmax<1, BLOCK_N / 8>(acc_s, row_max, row_sum, alpha);
+        online_softmax<1, BLOCK_N / 8>(acc_s, row_max, row_sum, [&](int, int r, float a) { alpha[r] = a; });
+    };
+    auto rescale_o = [&](const float (&alpha)[2]) {
 #pragma unroll
         for (int j = 0; j < DV / 8; ++j) {
-            acc_o[j][0] *= alpha[0][0];
-            acc_o[j][1] *= alpha[0][0];
-            acc_o[j][2] *= alpha[0][1];
-            acc_o[j][3] *= alpha[0][1];
+            acc_o[j][0] *= alpha[0];
+            acc_o[j][1] *= alpha[0];
+            acc_o[j][2] *= alpha[1];
+            acc_o[j][3] *= alpha[1];
         }
-
-        // O += P V: the S accumulator of two n-tiles is the A fragment of one
-        // k-step. P is packed whole before the fence so that the wgmmas issue
-        // back to back.
-        unsigned pa[BLOCK_N / 16][4];
+    };
+    // P as bf16/f16 A fragments: the S accumulator of two n-tiles is the A
+    // fragment of one k-step. Packed whole before the wgmma fence, so that
+    // the P V wgmmas issue back to back.
+    auto pack_p = [&]() {
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
             pa[kk][0] = pack2(acc_s[0][2 * kk][0], acc_s[0][2 * kk][1]);
@@ -490,15 +493,32 @@ attnforge_fwd_bf16_d128_causal_br_thd_sm90a(const __grid_constant__ FwdParams p,
             pa[kk][2] = pack2(acc_s[0][2 * kk + 1][0], acc_s[0][2 * kk + 1][1]);
             pa[kk][3] = pack2(acc_s[0][2 * kk + 1][2], acc_s[0][2 * kk + 1][3]);
         }
-        mbar_wait(v_full(s), phase);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-            wgmma_pv(acc_o, pa[kk], sw128_desc(sV + s * V_BYTES + kk * 16 * 128, BLOCK_N * 128));
-        wgmma_commit();
-        wgmma_wait<0>();
+    };
+    auto release = [&](int s) {
         __syncwarp();
         if (lane == 0) mbar_arrive(kv_empty(s));         // this warp is done with stage s
+    };
+
+    if (n_tiles > 0) mbar_wait(bar_q, 0);
+
+    // One tile at a time: S, softmax, P V (the other consumer warpgroup
+    // fills the tensor cores meanwhile).
+    for (int it = 0; it < n_tiles; ++it) {
+        const int s = it % STAGES;
+        const unsigned phase = (it / STAGES) & 1;
+        mbar_wait(k_full(s), phase);
+        wgmma_fence();
+        issue_qk(s);
+        wgmma_wait<0>();
+        float alpha[2];
+        softmax_tile(n_begin + it * BLOCK_N, alpha);
+        rescale_o(alpha);
+        pack_p();
+        mbar_wait(v_full(s), phase);
+        wgmma_fence();
+        issue_pv(s);
+        wgmma_wait<0>();
+        release(s);
     }
 
 

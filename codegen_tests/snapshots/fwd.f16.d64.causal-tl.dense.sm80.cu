@@ -151,11 +151,12 @@ __device__ __forceinline__ void apply_mask(float (&s)[MT][BN / 8][4], const RowW
 
 // One tile of the online softmax, scores already scaled into the log2 domain
 // and masked: per row, raise the running max, turn the scores into
-// probabilities in place, add them to the running sum, and return in
-// `alpha` the factor that rescales what O has accumulated so far.
-template <int MT, int NT>
+// probabilities in place, add them to the running sum, and hand
+// `rescale(mt, r, alpha)` the factor that rescales what O has accumulated so
+// far in that row (called row by row, so O can be rescaled right there).
+template <int MT, int NT, typename Rescale>
 __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&row_max)[MT][2],
-                                               float (&row_sum)[MT][2], float (&alpha)[MT][2]) {
+                                               float (&row_sum)[MT][2], Rescale rescale) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -166,7 +167,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&ro
             tile_max = quad_max(tile_max);
             const float m_new = fmaxf(row_max[mt][r], tile_max);
             const float m_use = m_new == NEG_INF ? 0.f : m_new;   // fully masked so far: all p = 0
-            alpha[mt][r] = fast_exp2(row_max[mt][r] - m_use);
+            const float alpha = fast_exp2(row_max[mt][r] - m_use);
             row_max[mt][r] = m_new;
             float sum = 0.f;
 #pragma unroll
@@ -177,7 +178,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&ro
                     s[mt][j][2 * r + e] = pv;
                     sum += pv;
                 }
-            row_sum[mt][r] = row_sum[mt][r] * alpha[mt][r] + sum;
+            row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+            rescale(mt, r, alpha);
         }
 }
 
@@ -360,37 +362,13 @@ attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
             (win.key_lo(last_row) > n0 || win.key_hi(m0) < n0 + BLOCK_N - 1));
         if (edge) apply_mask<M_TILES, BLOCK_N>(acc_s, win, m0 + warp_row0 + g, n0 + 2 * t);
         // Online softmax: running max and sum per row, rescale O.
+        online_softmax<M_TILES, BLOCK_N / 8>(acc_s, row_max, row_sum, [&](int mt, int r, float alpha) {
 #pragma unroll
-        for (int mt = 0; mt < M_TILES; ++mt) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                float tile_max = NEG_INF;
-#pragma unroll
-                for (int j = 0; j < BLOCK_N / 8; ++j)
-                    tile_max = fmaxf(tile_max, fmaxf(acc_s[mt][j][2 * r], acc_s[mt][j][2 * r + 1]));
-                tile_max = quad_max(tile_max);
-                const float m_new = fmaxf(row_max[mt][r], tile_max);
-                const float m_use = m_new == NEG_INF ? 0.f : m_new;
-                const float alpha = fast_exp2(row_max[mt][r] - m_use);
-                row_max[mt][r] = m_new;
-                float sum = 0.f;
-#pragma unroll
-                for (int j = 0; j < BLOCK_N / 8; ++j) {
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float pv = fast_exp2(acc_s[mt][j][2 * r + e] - m_use);
-                        acc_s[mt][j][2 * r + e] = pv;
-                        sum += pv;
-                    }
-                }
-                row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
-#pragma unroll
-                for (int j = 0; j < DV / 8; ++j) {
-                    acc_o[mt][j][2 * r] *= alpha;
-                    acc_o[mt][j][2 * r + 1] *= alpha;
-                }
+            for (int j = 0; j < DV / 8; ++j) {
+                acc_o[mt][j][2 * r] *= alpha;
+                acc_o[mt][j][2 * r + 1] *= alpha;
             }
-        }
+        });
 
         // O += P V. The S accumulator layout of two n-tiles is the A-operand
         // layout of one k-step, so P never leaves registers.

@@ -28,11 +28,12 @@ __device__ __forceinline__ void apply_mask(float (&s)[MT][BN / 8][4], const RowW
 
 // One tile of the online softmax, scores already scaled into the log2 domain
 // and masked: per row, raise the running max, turn the scores into
-// probabilities in place, add them to the running sum, and return in
-// `alpha` the factor that rescales what O has accumulated so far.
-template <int MT, int NT>
+// probabilities in place, add them to the running sum, and hand
+// `rescale(mt, r, alpha)` the factor that rescales what O has accumulated so
+// far in that row (called row by row, so O can be rescaled right there).
+template <int MT, int NT, typename Rescale>
 __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&row_max)[MT][2],
-                                               float (&row_sum)[MT][2], float (&alpha)[MT][2]) {
+                                               float (&row_sum)[MT][2], Rescale rescale) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -43,7 +44,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&ro
             tile_max = quad_max(tile_max);
             const float m_new = fmaxf(row_max[mt][r], tile_max);
             const float m_use = m_new == NEG_INF ? 0.f : m_new;   // fully masked so far: all p = 0
-            alpha[mt][r] = fast_exp2(row_max[mt][r] - m_use);
+            const float alpha = fast_exp2(row_max[mt][r] - m_use);
             row_max[mt][r] = m_new;
             float sum = 0.f;
 #pragma unroll
@@ -54,6 +55,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&ro
                     s[mt][j][2 * r + e] = pv;
                     sum += pv;
                 }
-            row_sum[mt][r] = row_sum[mt][r] * alpha[mt][r] + sum;
+            row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+            rescale(mt, r, alpha);
         }
 }
