@@ -89,16 +89,25 @@ class _Refused(Exception):
 def _alloc_like(t: Tensor, last: Any, dtype: Optional[torch.dtype] = None) -> Tensor:
     """A dense tensor shaped like ``t`` with last dim ``last``, whose outer
     dims are laid out in ``t``'s stride order (O "like q": a BSHD-strided q
-    gives a BSHD-strided O); the last dim is contiguous. The fake kernels use
-    the same function, so real and fake strides agree by construction."""
-    n = t.dim()
-    order = sorted(range(n - 1), key=lambda d: (-t.stride(d), d))
-    shape = [t.shape[d] for d in order] + [last]
-    buf = torch.empty(shape, dtype=dtype or t.dtype, device=t.device)
-    inverse = [0] * (n - 1)
-    for pos, d in enumerate(order):
-        inverse[d] = pos
-    return buf.permute(*inverse, n - 1)
+    gives a BSHD-strided O); the last dim is contiguous. The fake kernels and
+    the eager fast path use the same layout rule (:func:`_like_layout`), so
+    their strides agree by construction."""
+    size, stride = _like_layout(tuple(t.shape), t.stride(), last)
+    return torch.empty_strided(size, stride, dtype=dtype or t.dtype, device=t.device)
+
+
+def _like_layout(shape: Tuple[Any, ...], stride: Tuple[Any, ...], last: Any) -> Tuple[Tuple[Any, ...], Tuple[Any, ...]]:
+    """(size, stride) of :func:`_alloc_like`'s result for a tensor of this
+    shape and stride."""
+    n = len(shape)
+    order = sorted(range(n - 1), key=lambda d: (-stride[d], d))
+    out_stride = [0] * n
+    out_stride[n - 1] = 1
+    acc = last
+    for d in reversed(order):
+        out_stride[d] = acc
+        acc *= shape[d]
+    return tuple(shape[:-1]) + (last,), tuple(out_stride)
 
 
 def _lse_shape(q: Tensor, thd: bool) -> List[Any]:
@@ -823,20 +832,6 @@ def _fast_key(q: Tensor, k: Tensor, v: Tensor, is_causal: Any, scale: Any, enabl
             True if enable_gqa else False, grad, _deterministic_on(), _core.policy_epoch())
 
 
-def _like_layout(shape: Tuple[int, ...], stride: Tuple[int, ...], last: int) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
-    """(size, stride) of :func:`_alloc_like`'s result for a tensor of this
-    shape and stride (a test compares the two)."""
-    n = len(shape)
-    order = sorted(range(n - 1), key=lambda d: (-stride[d], d))
-    out_stride = [0] * n
-    out_stride[n - 1] = 1
-    acc = last
-    for d in reversed(order):
-        out_stride[d] = acc
-        acc *= shape[d]
-    return tuple(shape[:-1]) + (last,), tuple(out_stride)
-
-
 def _strides_bsh(shape: Tuple[int, ...], stride: Tuple[int, ...]) -> Tuple[int, int, int]:
     """(batch, seq, head) strides of a BHSD tensor as :func:`_targ` passes them."""
     return tuple(0 if shape[d] == 1 else int(stride[d]) for d in (0, 2, 1))
@@ -895,22 +890,22 @@ def _fast_plan(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: Optional
         return None
     if fwd != "generated" and fwd not in _FWD:
         return None
+    out = _like_layout(tuple(q.shape), q.stride(), v.shape[-1])
     e = _FastEntry()
     e.fwd = fwd
     e.handle = None
     if fwd == "generated":
         _ensure_nvrtc()
-        o = _like_layout(tuple(q.shape), q.stride(), v.shape[-1])
         try:
             e.handle = _core.FwdLaunch(prob, _strides_bsh(q.shape, q.stride()), _strides_bsh(k.shape, k.stride()),
-                                       _strides_bsh(v.shape, v.stride()), _strides_bsh(*o), device)
+                                       _strides_bsh(v.shape, v.stride()), _strides_bsh(*out), device)
         except (ValueError, NotImplementedError):
             return None
     e.prob = prob
     e.index = device
     e.device = torch.device("cuda", device)
     e.dtype = q.dtype
-    e.out = _like_layout(tuple(q.shape), q.stride(), v.shape[-1])
+    e.out = out
     e.lse = ((q.shape[0], q.shape[1], sq), (q.shape[1] * sq, sq, 1))
     e.grads = tuple(_like_layout(tuple(t.shape), t.stride(), t.shape[-1]) for t in (q, k, v))
     e.sq, e.sk = sq, sk

@@ -162,18 +162,20 @@ def plan(q, k=None, v=None, is_causal=True, scale=None, enable_gqa=False, grad=F
                          SM90, 0)
 
 
-@pytest.mark.parametrize("make", [bhsd, bshd])
+@pytest.mark.parametrize("make, want", [
+    (bhsd, lambda dv: (8 * 128 * dv, 128 * dv, dv, 1)),  # O laid out BHSD like q
+    (bshd, lambda dv: (128 * 8 * dv, dv, 8 * dv, 1)),    # ... and BSHD like q
+])
 @pytest.mark.parametrize("dv", [64, 32])
-def test_output_layout_is_the_custom_ops(make, dv):
+def test_output_layout_follows_q(make, want, dv):
+    # One rule (_like_layout) for the custom op, its fake kernel and the fast path.
     q = make()
-    size, stride = at._like_layout(tuple(q.shape), q.stride(), dv)
+    assert at._like_layout(tuple(q.shape), q.stride(), dv) == ((1, 8, 128, dv), want(dv))
     o = at._alloc_like(q, dv)
-    assert size == tuple(o.shape) and stride == o.stride()
-    # Size-1 dims and ties keep the same order as the fake kernels'.
+    assert (tuple(o.shape), o.stride()) == ((1, 8, 128, dv), want(dv))
+    # Size-1 dims and ties: the stable order (stride, then dim index).
     q1 = torch.randn(1, 1, 5, 64).transpose(1, 2)
-    size, stride = at._like_layout(tuple(q1.shape), q1.stride(), 64)
-    o = at._alloc_like(q1, 64)
-    assert size == tuple(o.shape) and stride == o.stride()
+    assert at._like_layout(tuple(q1.shape), q1.stride(), 64) == ((1, 5, 1, 64), (320, 64, 320, 1))
 
 
 def test_entry_for_the_generated_forward_holds_a_launch_handle():
