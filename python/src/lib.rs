@@ -376,6 +376,24 @@ fn opt_ptr(p: u64) -> Option<u64> {
     (p != 0).then_some(p)
 }
 
+/// A forward call of the generated backend: the tensors, LSE and
+/// `cu_seqlens` pointers (0 = none) and the stream (0 = legacy default).
+#[allow(clippy::too_many_arguments)]
+fn fwd_call(
+    p: Problem,
+    [q, k, v, o]: [PyTensor; 4],
+    lse: u64,
+    cu_seqlens_q: u64,
+    cu_seqlens_k: u64,
+    stream: u64,
+) -> FwdCall {
+    let mut call = FwdCall::new(p, tensor(q), tensor(k), tensor(v), tensor(o), lse);
+    call.cu_seqlens_q = opt_ptr(cu_seqlens_q);
+    call.cu_seqlens_k = opt_ptr(cu_seqlens_k);
+    call.stream = stream as usize;
+    call
+}
+
 /// The generated backend's support for one direction of `p`, from the
 /// (memoized) decision: its spec, or why it declines.
 fn generated_support(p: &Problem, direction: Direction) -> PyResult<Support> {
@@ -479,18 +497,16 @@ struct FwdLaunch {
 impl FwdLaunch {
     #[allow(clippy::too_many_arguments)]
     fn call(&self, q: u64, k: u64, v: u64, o: u64, lse: u64, cu_q: u64, cu_k: u64, stream: u64) -> FwdCall {
-        let t = |ptr: u64, s: (i64, i64, i64)| TensorArg {
-            ptr,
-            stride_batch: s.0,
-            stride_seq: s.1,
-            stride_head: s.2,
-        };
-        let s = &self.strides;
-        let mut call = FwdCall::new(self.problem, t(q, s[0]), t(k, s[1]), t(v, s[2]), t(o, s[3]), lse);
-        call.cu_seqlens_q = opt_ptr(cu_q);
-        call.cu_seqlens_k = opt_ptr(cu_k);
-        call.stream = stream as usize;
-        call
+        let [sq, sk, sv, so] = self.strides;
+        let t = |ptr: u64, s: (i64, i64, i64)| (ptr, s.0, s.1, s.2);
+        fwd_call(
+            self.problem,
+            [t(q, sq), t(k, sk), t(v, sv), t(o, so)],
+            lse,
+            cu_q,
+            cu_k,
+            stream,
+        )
     }
 
     fn launch(&self, call: &FwdCall) -> Result<(), DispatchError> {
@@ -670,10 +686,7 @@ fn fwd(
         p.validate().map_err(|e| value_error(e.to_string()))?;
         let support = generated_support(&p, Direction::Fwd)?;
         let ordinal = device_index(device)?;
-        let mut call = FwdCall::new(p, tensor(q), tensor(k), tensor(v), tensor(o), lse);
-        call.cu_seqlens_q = opt_ptr(cu_seqlens_q);
-        call.cu_seqlens_k = opt_ptr(cu_seqlens_k);
-        call.stream = stream as usize;
+        let call = fwd_call(p, [q, k, v, o], lse, cu_seqlens_q, cu_seqlens_k, stream);
         let backend = dispatcher()
             .backend(GENERATED)
             .ok_or_else(|| PyRuntimeError::new_err("the generated backend is not registered"))?;
@@ -726,17 +739,14 @@ fn bwd(
                 d.backend_names().join(", ")
             ))
         })?;
-        let (q, k, v, o) = (tensor(q), tensor(k), tensor(v), tensor(o));
-        let mut fwd = FwdCall::new(p, q, k, v, o, lse);
-        fwd.cu_seqlens_q = opt_ptr(cu_seqlens_q);
-        fwd.cu_seqlens_k = opt_ptr(cu_seqlens_k);
+        let fwd = fwd_call(p, [q, k, v, o], lse, cu_seqlens_q, cu_seqlens_k, 0);
         let ctx = FwdContext::new(producer.as_ref(), &fwd).map_err(|e| py_err(e.into()))?;
         let call = BwdCall {
             d_o: tensor(d_o),
-            q,
-            k,
-            v,
-            o,
+            q: fwd.q,
+            k: fwd.k,
+            v: fwd.v,
+            o: fwd.o,
             dq: tensor(dq),
             dk: tensor(dk),
             dv: tensor(dv),
