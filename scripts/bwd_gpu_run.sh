@@ -19,7 +19,7 @@ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --fo
 status=0
 el "correctness + bench (seqlen $seqs)"
 ATTNFORGE_BWD_BENCH=1 ATTNFORGE_BWD_BENCH_SEQS="$seqs" timeout 120 "$dir/gpu_bwd" > "$out/correct-bench.log" 2>&1 || status=1
-el peers; timeout 90 python3 "$here/bwd_bench.py" --seqs "$seqs" > "$out/peers.log" 2>&1
+el peers; timeout 90 python3 "$here/gpu_bench.py" --peers-only --seqs "$seqs" > "$out/peers.log" 2>&1
 el tune; ATTNFORGE_BWD_TUNE=1 timeout 90 "$dir/gpu_bwd" > "$out/tune.log" 2>&1
 el done
 grep -E "FAIL|gpu_bwd:" "$out/correct-bench.log" | head

@@ -6,6 +6,10 @@ timing binary (.gpu/gpu_bench) in the same process tree, and writes
   $OUT/bench.json   every row, ours and peers
   $OUT/bench.md     the table with TFLOP/s and ratios to each peer
   $OUT/bench.png    forward TFLOP/s per config
+
+  usage: gpu_bench.py [--quick] [--peers-only [--tune] [--seqs 2048,8192]]
+  --peers-only prints the peers' table alone (the backward tuning loop,
+  scripts/bwd_gpu_run.sh); --tune: batch 4 x seqlen 4096 instead of the sweep.
 """
 import json, os, subprocess, sys, datetime
 import torch
@@ -25,11 +29,19 @@ def flops(b, h, s, d, causal):
 
 
 def configs():
-    seqs = (2048, 16384) if quick else (512, 2048, 8192, 16384)
+    """(batch, heads, seqlen, d, causal): batch·seqlen = 16k tokens and
+    heads·d = 2048 over the standard seqlens; --tune: batch 4, seqlen 4096."""
+    if "--tune" in sys.argv:
+        seqs, batch = (4096,), lambda s: 4
+    else:
+        seqs = (2048, 16384) if quick else (512, 2048, 8192, 16384)
+        if "--seqs" in sys.argv:
+            seqs = tuple(int(x) for x in sys.argv[sys.argv.index("--seqs") + 1].split(","))
+        batch = lambda s: max(1, 16384 // s)
     for d in (64, 128, 256):
         for s in seqs:
             for causal in (False, True):
-                yield max(1, 16384 // s), 2048 // d, s, d, causal
+                yield batch(s), 2048 // d, s, d, causal
 
 
 def peers():
@@ -80,7 +92,22 @@ def ragged_peer(ours):
     return rows
 
 
+def print_peers():
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
+    print("| peer | d | batch x heads x seqlen | causal | fwd TFLOP/s | bwd ms | bwd TFLOP/s |")
+    print("|---|---|---|---|---|---|---|")
+    for r in peers():
+        shape = f"{r['b']} x {r['h']} x {r['s']}"
+        if "error" in r:
+            print(f"| {r['impl']} | {r['d']} | {shape} | {r['causal']} | error: {r['error'][:100]} | | |")
+        else:
+            print(f"| {r['impl']} | {r['d']} | {shape} | {'yes' if r['causal'] else 'no'} | {r['fwd_tflops']:.1f} | "
+                  f"{r['bwd_ms']:.3f} | {r['bwd_tflops']:.1f} |", flush=True)
+
+
 def main():
+    if "--peers-only" in sys.argv:
+        return print_peers()
     started = datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC")
     ours_json = os.path.join(out, "ours.json")
     cmd = [os.path.join(os.path.dirname(__file__), "..", ".gpu", "gpu_bench"), ours_json] + (["--quick"] if quick else [])
