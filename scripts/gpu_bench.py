@@ -30,12 +30,14 @@ def flops(b, h, s, d, causal):
 
 def configs():
     """(batch, heads, seqlen, d, causal): batch·seqlen = 16k tokens and
-    heads·d = 2048 over the standard seqlens; --tune: batch 4, seqlen 4096."""
-    if "--tune" in sys.argv:
+    heads·d = 2048 over the standard seqlens; with --peers-only, --tune (batch 4,
+    seqlen 4096) or --seqs choose other shapes (ours run the standard ones)."""
+    alone = "--peers-only" in sys.argv
+    if alone and "--tune" in sys.argv:
         seqs, batch = (4096,), lambda s: 4
     else:
         seqs = (2048, 16384) if quick else (512, 2048, 8192, 16384)
-        if "--seqs" in sys.argv:
+        if alone and "--seqs" in sys.argv:
             seqs = tuple(int(x) for x in sys.argv[sys.argv.index("--seqs") + 1].split(","))
         batch = lambda s: max(1, 16384 // s)
     for d in (64, 128, 256):
