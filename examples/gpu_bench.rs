@@ -169,10 +169,82 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
     }
 }
 
+/// The sm90a forward's schedule and tile variants per head dim (tuning;
+/// `--tune90`): built and checked for spills first (works without a GPU),
+/// then timed at seqlen 8k and 16k, causal and not.
+fn tune90(rng: &mut rand::rngs::StdRng) {
+    use attnforge::plan::{plan_fwd_sm90a_with, Sm90aFwdTiles};
+    let t = |block_n, stages, pipelined, pingpong| Sm90aFwdTiles {
+        block_n,
+        stages,
+        pipelined,
+        pingpong,
+    };
+    let variants: &[(usize, &[Sm90aFwdTiles])] = &[
+        (64, &[t(192, 3, true, true), t(192, 4, true, true), t(128, 3, true, true)]),
+        (128, &[t(128, 2, true, true), t(160, 2, true, true), t(176, 2, true, true)]),
+        (192, &[t(96, 2, true, true)]),
+        (256, &[t(80, 2, true, true)]),
+    ];
+    let mut built = Vec::new();
+    for (d, vs) in variants {
+        for causal in [false, true] {
+            let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
+            let spec = AttnSpec::fwd(DType::Bf16, *d as u16, mask, Layout::Dense, Arch::Sm90a);
+            for tiles in vs.iter() {
+                let plan = plan_fwd_sm90a_with(&spec, *tiles);
+                let (bn, st, pp) = (plan.block_n, plan.stages, plan.pingpong);
+                match attnforge::jit::build_plan(plan) {
+                    Ok(k) => {
+                        let spills = k.meta.spill_stores + k.meta.spill_loads;
+                        println!("tune90 {spec} {tiles:?}: bn={bn} stages={st} pingpong={pp} regs={} spills={spills} B", k.meta.registers);
+                        if spills == 0 {
+                            built.push((*d, causal, *tiles, k));
+                        }
+                    }
+                    Err(e) => println!("tune90 {spec} {tiles:?}: {e}"),
+                }
+            }
+        }
+    }
+    if !launch::driver_available() {
+        println!("tune90: no CUDA driver, built only");
+        return;
+    }
+    launch::ensure_context(0).expect("context");
+    for s in [8192usize, 16384] {
+        for (d, causal, tiles, k) in &built {
+            let (d, h) = (*d, 2048 / *d);
+            let b = 16384 / s;
+            let n = b * h * s * d;
+            let (q, kk, v) = (Dev::random(n, rng), Dev::random(n, rng), Dev::random(n, rng));
+            let o = Dev::zeroed(n * 2);
+            let lse = Dev::zeroed(b * h * s * 4);
+            let lk = launch::load(k).expect("load");
+            let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
+            // SAFETY: buffers sized for the problem.
+            let ms = time_ms(
+                || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") },
+                5,
+                7,
+            );
+            let tf = 4.0 * (b * h * s * s * d) as f64 * if *causal { 0.5 } else { 1.0 } / ms / 1e9;
+            println!(
+                "tune90 d={d:<3} s={s:<5} causal={causal:<5} bn={:<3} stages={} pipelined={:<5} pingpong={:<5} {tf:6.1} TFLOP/s",
+                k.plan.block_n, k.plan.stages, tiles.pipelined, k.plan.pingpong
+            );
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
     let out = args.iter().find(|a| !a.starts_with("--")).cloned();
+    if args.iter().any(|a| a == "--tune90") {
+        tune90(&mut rand::rngs::StdRng::seed_from_u64(7));
+        return;
+    }
     if !launch::driver_available() {
         eprintln!("skipped: no CUDA driver");
         return;

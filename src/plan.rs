@@ -88,6 +88,12 @@ pub struct KernelPlan {
     /// (measured faster at d ≤ 64 only; docs/kernels.md). Absent elsewhere.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub consumer_pipelined: bool,
+    /// sm90a forward only (with `consumer_pipelined`): the two consumer
+    /// warpgroups take turns at the tensor cores through two named barriers,
+    /// so that one issues its GEMMs while the other does its softmax
+    /// (ping-pong). Absent elsewhere.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pingpong: bool,
     /// Backward plans only: the tiles of the backward kernels (the fields
     /// above describe its main kernel). Absent from forward plans' JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -242,6 +248,7 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
         grid: GridRule::BatchHeadsByQueryTiles,
         reasons,
         consumer_pipelined: false,
+        pingpong: false,
         bwd: None,
     }
 }
@@ -255,10 +262,46 @@ pub const SM90A_CONSUMER_REGS: u32 = 240;
 
 /// Shared memory of the sm90a forward: Q once, K and V `stages` deep, each as
 /// 64-column (128-byte) swizzled chunks; 1 KB to align the base to the
-/// swizzle period, and the mbarriers.
+/// swizzle period, and the mbarriers (Q; K and V full and empty per stage).
 fn fwd_sm90a_smem(block_m: u32, block_n: u32, stages: u32, qk_chunks: u32, v_chunks: u32) -> u32 {
     let tiles = 128 * (block_m * qk_chunks + stages * block_n * (qk_chunks + v_chunks));
-    tiles + 1024 + 8 * (1 + 3 * stages)
+    tiles + 1024 + 8 * (1 + 4 * stages)
+}
+
+/// The free choices of the Hopper forward: keys per step, K/V ring depth,
+/// and the consumers' schedule (see [`KernelPlan::consumer_pipelined`] and
+/// [`KernelPlan::pingpong`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sm90aFwdTiles {
+    pub block_n: u32,
+    pub stages: u32,
+    pub pipelined: bool,
+    pub pingpong: bool,
+}
+
+/// The planner's choice of [`Sm90aFwdTiles`] for a spec (before the
+/// shared-memory fit of [`plan_fwd_sm90a_with`]).
+pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
+    let dmax = round_up(spec.head_dim_qk.max(spec.head_dim_v) as u32, 16);
+    // H200, 2026-12-02 (docs/kernels.md, `gpu_bench --tune90`): pipelined
+    // ping-pong consumers with separate K and V slots beat one tile at a time
+    // at every head dim (d64 +15%, d128 +8%, d192 +6..14%, d256 +10..17%
+    // with block_n 80); the widest block_n whose S, P and O fit the registers.
+    let (block_n, stages) = if dmax <= 64 {
+        (192, 3)
+    } else if dmax <= 128 {
+        (128, 2)
+    } else if dmax <= 192 {
+        (96, 2)
+    } else {
+        (80, 2)
+    };
+    Sm90aFwdTiles {
+        block_n,
+        stages,
+        pipelined: true,
+        pingpong: true,
+    }
 }
 
 /// The Hopper forward plan: wgmma/TMA for every head dim of the family.
@@ -267,6 +310,12 @@ fn fwd_sm90a_smem(block_m: u32, block_n: u32, stages: u32, qk_chunks: u32, v_chu
 /// the 240 registers that `setmaxnreg` gives them, and the ring has to fit
 /// the 227 KB of shared memory.
 pub fn plan_fwd_sm90a(spec: &AttnSpec) -> KernelPlan {
+    plan_fwd_sm90a_with(spec, default_sm90a_tiles(spec))
+}
+
+/// [`plan_fwd_sm90a`] with explicit tiles (tuning); `block_n` and `stages`
+/// shrink until the shared memory fits, ping-pong needs the pipelined loop.
+pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan {
     let mut reasons = Vec::new();
     let dqk = round_up(spec.head_dim_qk as u32, 16);
     let dv = round_up(spec.head_dim_v as u32, 16);
@@ -279,15 +328,13 @@ pub fn plan_fwd_sm90a(spec: &AttnSpec) -> KernelPlan {
         ));
     }
     let block_m = 64 * SM90A_CONSUMERS;
-    let (mut block_n, mut stages) = if dmax <= 64 {
-        (128, 3)
-    } else if dmax <= 128 {
-        (128, 2)
-    } else if dmax <= 192 {
-        (96, 2)
-    } else {
-        (64, 2)
-    };
+    let Sm90aFwdTiles {
+        mut block_n,
+        mut stages,
+        pipelined: consumer_pipelined,
+        pingpong,
+    } = tiles;
+    let pingpong = pingpong && consumer_pipelined;
     let limit = spec.arch.max_smem_per_block();
     while fwd_sm90a_smem(block_m, block_n, stages, qk_chunks, v_chunks) > limit {
         if stages > 2 {
@@ -297,11 +344,6 @@ pub fn plan_fwd_sm90a(spec: &AttnSpec) -> KernelPlan {
         }
     }
     let smem_bytes = fwd_sm90a_smem(block_m, block_n, stages, qk_chunks, v_chunks);
-    // H200, 2026-12-02 (docs/kernels.md): issuing S(it+1) before P(it)·V(it)
-    // gained 9% at d64 and lost 11-18% at d128/d256 (the two consumer
-    // warpgroups already overlap each other's softmax; the extra live
-    // registers cost more there).
-    let consumer_pipelined = dmax <= 64;
     reasons.push(format!(
         "sm90a: wgmma + TMA, 1 producer warpgroup ({SM90A_PRODUCER_REGS} regs) + {SM90A_CONSUMERS} consumer warpgroups \
          ({SM90A_CONSUMER_REGS} regs) of 64 query rows -> block_m={block_m}"
@@ -311,10 +353,12 @@ pub fn plan_fwd_sm90a(spec: &AttnSpec) -> KernelPlan {
         block_n / 2,
         dv / 2
     ));
-    reasons.push(if consumer_pipelined {
-        "consumers pipelined by one tile (next S issued before this P V): measured +9% at d64".into()
-    } else {
-        "consumers one tile at a time: pipelining measured -11..-18% at d128/d256".into()
+    reasons.push(match (consumer_pipelined, pingpong) {
+        (true, true) => "consumers pipelined by one tile and in ping-pong: each warpgroup issues S(next) and P V(this) \
+                         while the other does its softmax"
+            .into(),
+        (true, false) => "consumers pipelined by one tile (next S issued before this P V): measured +9% at d64".into(),
+        _ => "consumers one tile at a time: pipelining measured -11..-18% at d128/d256".into(),
     });
     KernelPlan {
         spec: *spec,
@@ -336,6 +380,7 @@ pub fn plan_fwd_sm90a(spec: &AttnSpec) -> KernelPlan {
         grid: GridRule::BatchHeadsByQueryTiles,
         reasons,
         consumer_pipelined,
+        pingpong,
         bwd: None,
     }
 }
@@ -454,8 +499,32 @@ mod tests {
     }
 
     #[test]
+    fn sm90a_pingpong_needs_the_pipelined_loop() {
+        let spec = AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Dense, Arch::Sm90a);
+        let p = plan_fwd_sm90a(&spec);
+        assert!(p.consumer_pipelined && p.pingpong, "default: pipelined ping-pong");
+        assert!(p.reasons.iter().any(|r| r.contains("ping-pong")));
+        let t = Sm90aFwdTiles {
+            pipelined: false,
+            pingpong: true,
+            ..default_sm90a_tiles(&spec)
+        };
+        let p = plan_fwd_sm90a_with(&spec, t);
+        assert!(!p.consumer_pipelined && !p.pingpong);
+        // The ring fits: an oversized request shrinks to the arch limit.
+        let big = Sm90aFwdTiles {
+            block_n: 256,
+            stages: 4,
+            ..default_sm90a_tiles(&spec)
+        };
+        let p = plan_fwd_sm90a_with(&spec, big);
+        assert!(p.smem_bytes <= Arch::Sm90a.max_smem_per_block(), "{}", p.smem_bytes);
+        assert!(p.block_n.is_multiple_of(16));
+    }
+
+    #[test]
     fn sm90a_forward_plans_on_the_wgmma_template() {
-        for (d, bn, stages) in [(64, 128, 3), (128, 128, 2), (192, 96, 2), (256, 64, 2)] {
+        for (d, bn, stages) in [(64, 192, 3), (128, 128, 2), (192, 96, 2), (256, 80, 2)] {
             let spec = AttnSpec::fwd(DType::Bf16, d, Mask::CausalBottomRight, Layout::Thd, Arch::Sm90a);
             let p = plan(&spec).unwrap();
             assert_eq!(p.template, Template::FwdSm90a);

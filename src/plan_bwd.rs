@@ -410,6 +410,7 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>) -> Option<Ke
         grid: GridRule::BatchHeadsByQueryTiles,
         reasons,
         consumer_pipelined: false,
+        pingpong: false,
         bwd: Some(bwd),
     })
 }

@@ -122,6 +122,7 @@ struct FwdSm90aContext {
     producer_regs: u32,
     consumer_regs: u32,
     pipelined: bool,
+    pingpong: bool,
 }
 
 /// The values the backward template sees (see `plan::plan_bwd` for the tiles).
@@ -249,6 +250,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
             producer_regs: crate::plan::SM90A_PRODUCER_REGS,
             consumer_regs: crate::plan::SM90A_CONSUMER_REGS,
             pipelined: plan.consumer_pipelined,
+            pingpong: plan.pingpong,
         })
         .map_err(ctx_err)?,
         (Template::FwdSm80, _) => Context::from_serialize(FwdContext {

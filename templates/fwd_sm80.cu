@@ -168,22 +168,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
             }
         }
 
-        // Scale (and softcap) into the log2 domain.
+        // Softcap into the log2 domain (otherwise the softmax scales the scores).
+        if constexpr (SOFTCAP) {
 #pragma unroll
-        for (int mt = 0; mt < M_TILES; ++mt)
+            for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-            for (int j = 0; j < BLOCK_N / 8; ++j)
+                for (int j = 0; j < BLOCK_N / 8; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    if constexpr (SOFTCAP) acc_s[mt][j][e] = p.softcap_post * fast_tanh(acc_s[mt][j][e] * p.softcap_pre);
-                    else acc_s[mt][j][e] *= p.scale_log2;
-                }
+                    for (int e = 0; e < 4; ++e)
+                        acc_s[mt][j][e] = p.softcap_post * fast_tanh(acc_s[mt][j][e] * p.softcap_pre);
+        }
         // Mask, only on tiles that cross a row's visible range or the end of K.
         const bool edge = (n0 + BLOCK_N > sk) || (MASK_KIND != 0 &&
             (win.key_lo(last_row) > n0 || win.key_hi(m0) < n0 + BLOCK_N - 1));
         if (edge) apply_mask<M_TILES, BLOCK_N>(acc_s, win, m0 + warp_row0 + g, n0 + 2 * t);
         // Online softmax: running max and sum per row, rescale O.
-        online_softmax<M_TILES, BLOCK_N / 8>(acc_s, row_max, row_sum, [&](int mt, int r, float alpha) {
+        online_softmax<M_TILES, BLOCK_N / 8>(acc_s, row_max, row_sum, SOFTCAP ? 1.f : p.scale_log2, [&](int mt, int r, float alpha) {
 #pragma unroll
             for (int j = 0; j < DV / 8; ++j) {
                 acc_o[mt][j][2 * r] *= alpha;

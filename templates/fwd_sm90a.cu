@@ -5,7 +5,7 @@
 // run S = QK^T (wgmma, both operands in shared memory), the online softmax in
 // registers, and O += PV (wgmma, P from registers, V read transposed).
 // Plan: block_m={{ block_m }} block_n={{ block_n }} stages={{ stages }} registers {{ producer_regs }}/{{ consumer_regs }}
-// consumer loop: {% if pipelined %}pipelined by one tile (S of the next tile issued before P V of this one){% else %}one tile at a time (the two consumer warpgroups overlap each other){% endif %}.
+// consumer loop: {% if pipelined %}pipelined by one tile (S of the next tile issued before P V of this one){% if pingpong %}, the two consumer warpgroups taking turns at the tensor cores (ping-pong){% endif %}{% else %}one tile at a time (the two consumer warpgroups overlap each other){% endif %}.
 // Do not edit: rendered by attnforge from templates/fwd_sm90a.cu.
 
 constexpr int CONSUMERS = {{ consumers }};           // consumer warpgroups
@@ -38,7 +38,7 @@ constexpr unsigned K_BYTES = BLOCK_N * 128 * QK_CHUNKS;   // one stage
 constexpr unsigned V_BYTES = BLOCK_N * 128 * V_CHUNKS;
 constexpr unsigned OFF_K = Q_BYTES;
 constexpr unsigned OFF_V = OFF_K + STAGES * K_BYTES;
-constexpr unsigned OFF_BAR = OFF_V + STAGES * V_BYTES;    // q_full, k_full[S], v_full[S], kv_empty[S]
+constexpr unsigned OFF_BAR = OFF_V + STAGES * V_BYTES;    // q_full, k_full[S], v_full[S], k_empty[S], v_empty[S]
 
 // S (64 x BLOCK_N) = Q (64 x 16) K^T (16 x BLOCK_N), accumulating when `acc`
 // is nonzero. Both operands K-major in shared memory.
@@ -75,7 +75,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const unsigned bar_q = base + OFF_BAR;
     auto k_full = [&](int s) { return bar_q + 8u * (1 + s); };
     auto v_full = [&](int s) { return bar_q + 8u * (1 + STAGES + s); };
-    auto kv_empty = [&](int s) { return bar_q + 8u * (1 + 2 * STAGES + s); };
+    auto k_empty = [&](int s) { return bar_q + 8u * (1 + 2 * STAGES + s); };
+    auto v_empty = [&](int s) { return bar_q + 8u * (1 + 3 * STAGES + s); };
 
     const int tid = threadIdx.x;
     const int bh = blockIdx.x;
@@ -104,7 +105,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(k_full(s), 1);
             mbar_init(v_full(s), 1);
-            mbar_init(kv_empty(s), 4 * CONSUMERS);       // lane 0 of every consumer warp
+            mbar_init(k_empty(s), 4 * CONSUMERS);        // lane 0 of every consumer warp
+            mbar_init(v_empty(s), 4 * CONSUMERS);
         }
         fence_barrier_init();
     }
@@ -124,18 +126,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
             for (int c = 0; c < QK_CHUNKS; ++c)
                 tma_load_4d(sQ + c * BLOCK_M * 128, &tq, bar_q, c * 64, q_off + m0, h, bq);
-            for (int it = 0; it < n_tiles; ++it) {
+            // K runs one tile ahead of V: the consumers need K(it+1) before
+            // V(it) (S of the next tile is issued before P V of this one) and
+            // free K slots as soon as S is computed.
+            auto load_k = [&](int it) {
                 const int s = it % STAGES;
-                if (it >= STAGES) mbar_wait(kv_empty(s), ((it / STAGES) - 1) & 1);
+                if (it >= STAGES) mbar_wait(k_empty(s), ((it / STAGES) - 1) & 1);
                 const int row = k_off + n_begin + it * BLOCK_N;
                 mbar_arrive_expect_tx(k_full(s), K_BYTES);
 #pragma unroll
                 for (int c = 0; c < QK_CHUNKS; ++c)
                     tma_load_4d(sK + s * K_BYTES + c * BLOCK_N * 128, &tk, k_full(s), c * 64, row, hk, bq);
+            };
+            auto load_v = [&](int it) {
+                const int s = it % STAGES;
+                if (it >= STAGES) mbar_wait(v_empty(s), ((it / STAGES) - 1) & 1);
+                const int row = k_off + n_begin + it * BLOCK_N;
                 mbar_arrive_expect_tx(v_full(s), V_BYTES);
 #pragma unroll
                 for (int c = 0; c < V_CHUNKS; ++c)
                     tma_load_4d(sV + s * V_BYTES + c * BLOCK_N * 128, &tv, v_full(s), c * 64, row, hk, bq);
+            };
+            load_k(0);
+            for (int it = 0; it < n_tiles; ++it) {
+                if (it + 1 < n_tiles) load_k(it + 1);
+                load_v(it);
             }
         }
         return;
@@ -176,20 +191,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             wgmma_pv(acc_o, pa[kk], sw128_desc(sV + s * V_BYTES + kk * 16 * 128, BLOCK_N * 128));
         wgmma_commit();
     };
-    // Scale (and softcap) into the log2 domain, mask edge tiles, online
-    // softmax; returns the rescale factors of O in `alpha`.
+    // Softcap into the log2 domain (otherwise the softmax scales), mask edge
+    // tiles, online softmax; returns the rescale factors of O in `alpha`.
     auto softmax_tile = [&](int n0, float (&alpha)[2]) {
+        if constexpr (SOFTCAP) {
 #pragma unroll
-        for (int j = 0; j < BLOCK_N / 8; ++j)
+            for (int j = 0; j < BLOCK_N / 8; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                if constexpr (SOFTCAP) acc_s[0][j][e] = p.softcap_post * fast_tanh(acc_s[0][j][e] * p.softcap_pre);
-                else acc_s[0][j][e] *= p.scale_log2;
-            }
+                for (int e = 0; e < 4; ++e)
+                    acc_s[0][j][e] = p.softcap_post * fast_tanh(acc_s[0][j][e] * p.softcap_pre);
+        }
         const bool edge = (n0 + BLOCK_N > sk) || (MASK_KIND != 0 &&
             (win.key_lo(last_row) > n0 || win.key_hi(m0) < n0 + BLOCK_N - 1));
         if (edge) apply_mask<1, BLOCK_N>(acc_s, win, row0, n0 + 2 * t);
-        online_softmax<1, BLOCK_N / 8>(acc_s, row_max, row_sum, [&](int, int r, float a) { alpha[r] = a; });
+        online_softmax<1, BLOCK_N / 8>(acc_s, row_max, row_sum, SOFTCAP ? 1.f : p.scale_log2, [&](int, int r, float a) { alpha[r] = a; });
     };
     auto rescale_o = [&](const float (&alpha)[2]) {
 #pragma unroll
@@ -212,21 +227,45 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             pa[kk][3] = pack2(acc_s[0][2 * kk + 1][2], acc_s[0][2 * kk + 1][3]);
         }
     };
-    auto release = [&](int s) {
+    // This warp is done with K (V) of stage s.
+    auto release_k = [&](int s) {
         __syncwarp();
-        if (lane == 0) mbar_arrive(kv_empty(s));         // this warp is done with stage s
+        if (lane == 0) mbar_arrive(k_empty(s));
+    };
+    auto release_v = [&](int s) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(v_empty(s));
     };
 
     if (n_tiles > 0) mbar_wait(bar_q, 0);
 {% if pipelined %}
+{% if pingpong %}
+    // Ping-pong: a warpgroup issues its GEMMs only in its turn (named barrier
+    // 1 + cw) and then passes the turn to the other one (barrier 2 - cw), so
+    // the tensor cores run one warpgroup's S and P V while the other does
+    // its softmax. Warpgroup 0 starts; every warpgroup takes n_tiles + 1
+    // turns, and warpgroup 1 does not pass its last turn (nobody takes it).
+    static_assert(CONSUMERS == 2, "ping-pong pairs two consumer warpgroups");
+    auto take_turn = [&]() { named_bar_sync(1 + cw, 256); };
+    auto pass_turn = [&](bool last) {
+        if (!(last && cw == 1)) named_bar_arrive(2 - cw, 256);
+    };
+    if (n_tiles > 0 && cw == 1) named_bar_arrive(1, 256);
+{% else %}
+    auto take_turn = [&]() {};
+    auto pass_turn = [&](bool) {};
+{% endif %}
     // Software-pipelined by one tile: while the tensor cores run S(it) and
     // P(it-1) V(it-1), the warpgroup waits only for S(it) and does its
     // softmax as the P V product finishes.
     if (n_tiles > 0) {
         mbar_wait(k_full(0), 0);
+        take_turn();
         wgmma_fence();
         issue_qk(0);
+        pass_turn(false);
         wgmma_wait<0>();
+        release_k(0);
         float alpha[2];
         softmax_tile(n_begin, alpha);                    // O is still zero: alpha unused
         pack_p();
@@ -234,25 +273,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     for (int it = 1; it < n_tiles; ++it) {
         const int s = it % STAGES, prev = (it - 1) % STAGES;
         mbar_wait(k_full(s), (it / STAGES) & 1);
+        mbar_wait(v_full(prev), ((it - 1) / STAGES) & 1);
+        take_turn();
         wgmma_fence();
         issue_qk(s);
-        mbar_wait(v_full(prev), ((it - 1) / STAGES) & 1);
         issue_pv(prev);
+        pass_turn(false);
         wgmma_wait<1>();                                 // S(it) ready; P V may still run
+        release_k(s);
         float alpha[2];
         softmax_tile(n_begin + it * BLOCK_N, alpha);
         wgmma_wait<0>();                                 // P(it-1) V(it-1) done
-        release(prev);
+        release_v(prev);
         rescale_o(alpha);
         pack_p();
     }
     if (n_tiles > 0) {
         const int last = (n_tiles - 1) % STAGES;
         mbar_wait(v_full(last), ((n_tiles - 1) / STAGES) & 1);
+        take_turn();
         wgmma_fence();
         issue_pv(last);
+        pass_turn(true);
         wgmma_wait<0>();
-        release(last);
+        release_v(last);
     }
 {% else %}
     // One tile at a time: S, softmax, P V (the other consumer warpgroup
@@ -264,6 +308,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_fence();
         issue_qk(s);
         wgmma_wait<0>();
+        release_k(s);
         float alpha[2];
         softmax_tile(n_begin + it * BLOCK_N, alpha);
         rescale_o(alpha);
@@ -272,7 +317,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_fence();
         issue_pv(s);
         wgmma_wait<0>();
-        release(s);
+        release_v(s);
     }
 {% endif %}
 

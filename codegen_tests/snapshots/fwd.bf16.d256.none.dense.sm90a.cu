@@ -4,13 +4,13 @@
 // completion on mbarriers); 2 consumer warpgroups own 64 query rows each and
 // run S = QK^T (wgmma, both operands in shared memory), the online softmax in
 // registers, and O += PV (wgmma, P from registers, V read transposed).
-// Plan: block_m=128 block_n=64 stages=2 registers 24/240
-// consumer loop: one tile at a time (the two consumer warpgroups overlap each other).
+// Plan: block_m=128 block_n=80 stages=2 registers 24/240
+// consumer loop: pipelined by one tile (S of the next tile issued before P V of this one), the two consumer warpgroups taking turns at the tensor cores (ping-pong).
 // Do not edit: rendered by attnforge from templates/fwd_sm90a.cu.
 
 constexpr int CONSUMERS = 2;           // consumer warpgroups
 constexpr int BLOCK_M = 64 * CONSUMERS;             // query rows per block
-constexpr int BLOCK_N = 64;               // keys per main-loop step
+constexpr int BLOCK_N = 80;               // keys per main-loop step
 constexpr int STAGES = 2;                 // K/V ring depth
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int D_QK = 256;
@@ -177,6 +177,14 @@ __device__ __forceinline__ void regs_release() { asm volatile("setmaxnreg.dec.sy
 template <int N>
 __device__ __forceinline__ void regs_claim() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N)); }
 
+// ---- named barriers: `threads` (a multiple of 32) arrive, the syncing ones wait ----
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+
 // ---- common/mask.cuh: which keys a query row sees ------------------------------
 // MASK_KIND: 0 none, 1 causal top-left, 2 causal bottom-right, 3 sliding window
 // (left, right around the bottom-right diagonal; -1 = unbounded).
@@ -230,14 +238,18 @@ __device__ __forceinline__ void apply_mask(float (&s)[MT][BN / 8][4], const RowW
         }
 }
 
-// One tile of the online softmax, scores already scaled into the log2 domain
-// and masked: per row, raise the running max, turn the scores into
+// One tile of the online softmax on masked scores that become log2-domain
+// logits when multiplied by `scale` (> 0: the softmax scale times log2(e),
+// or 1 when the caller already transformed them, as softcap does). The max
+// is taken before scaling (a positive scale keeps the order), so each
+// probability costs one FFMA and one ex2. Per row: raise the running max
+// (kept scaled, in the log2 domain), turn the scores into
 // probabilities in place, add them to the running sum, and hand
 // `rescale(mt, r, alpha)` the factor that rescales what O has accumulated so
 // far in that row (called row by row, so O can be rescaled right there).
 template <int MT, int NT, typename Rescale>
 __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&row_max)[MT][2],
-                                               float (&row_sum)[MT][2], Rescale rescale) {
+                                               float (&row_sum)[MT][2], float scale, Rescale rescale) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -246,7 +258,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&ro
 #pragma unroll
             for (int j = 0; j < NT; ++j) tile_max = fmaxf(tile_max, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
             tile_max = quad_max(tile_max);
-            const float m_new = fmaxf(row_max[mt][r], tile_max);
+            const float m_new = fmaxf(row_max[mt][r], tile_max * scale);
             const float m_use = m_new == NEG_INF ? 0.f : m_new;   // fully masked so far: all p = 0
             const float alpha = fast_exp2(row_max[mt][r] - m_use);
             row_max[mt][r] = m_new;
@@ -255,7 +267,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&ro
             for (int j = 0; j < NT; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float pv = fast_exp2(s[mt][j][2 * r + e] - m_use);
+                    const float pv = fast_exp2(fmaf(s[mt][j][2 * r + e], scale, -m_use));
                     s[mt][j][2 * r + e] = pv;
                     sum += pv;
                 }
@@ -292,16 +304,16 @@ constexpr unsigned K_BYTES = BLOCK_N * 128 * QK_CHUNKS;   // one stage
 constexpr unsigned V_BYTES = BLOCK_N * 128 * V_CHUNKS;
 constexpr unsigned OFF_K = Q_BYTES;
 constexpr unsigned OFF_V = OFF_K + STAGES * K_BYTES;
-constexpr unsigned OFF_BAR = OFF_V + STAGES * V_BYTES;    // q_full, k_full[S], v_full[S], kv_empty[S]
+constexpr unsigned OFF_BAR = OFF_V + STAGES * V_BYTES;    // q_full, k_full[S], v_full[S], k_empty[S], v_empty[S]
 
 // S (64 x BLOCK_N) = Q (64 x 16) K^T (16 x BLOCK_N), accumulating when `acc`
 // is nonzero. Both operands K-major in shared memory.
 __device__ __forceinline__ void wgmma_qk(float (&d)[BLOCK_N / 8][4], unsigned long long qd, unsigned long long kd, int acc) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16\n"
-        "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 },\n"
-        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16\n"
+        "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39 },\n"
+        "%40, %41, p, 1, 1, 0, 0;\n}\n"
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
           "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
           "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
@@ -309,7 +321,9 @@ __device__ __forceinline__ void wgmma_qk(float (&d)[BLOCK_N / 8][4], unsigned lo
           "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
           "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
           "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3])
         : "l"(qd), "l"(kd), "r"(acc));
 }
 
@@ -365,7 +379,8 @@ attnforge_fwd_bf16_d256_none_dense_sm90a(const __grid_constant__ FwdParams p, co
     const unsigned bar_q = base + OFF_BAR;
     auto k_full = [&](int s) { return bar_q + 8u * (1 + s); };
     auto v_full = [&](int s) { return bar_q + 8u * (1 + STAGES + s); };
-    auto kv_empty = [&](int s) { return bar_q + 8u * (1 + 2 * STAGES + s); };
+    auto k_empty = [&](int s) { return bar_q + 8u * (1 + 2 * STAGES + s); };
+    auto v_empty = [&](int s) { return bar_q + 8u * (1 + 3 * STAGES + s); };
 
     const int tid = threadIdx.x;
     const int bh = blockIdx.x;
@@ -394,7 +409,8 @@ attnforge_fwd_bf16_d256_none_dense_sm90a(const __grid_constant__ FwdParams p, co
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(k_full(s), 1);
             mbar_init(v_full(s), 1);
-            mbar_init(kv_empty(s), 4 * CONSUMERS);       // lane 0 of every consumer warp
+            mbar_init(k_empty(s), 4 * CONSUMERS);        // lane 0 of every consumer warp
+            mbar_init(v_empty(s), 4 * CONSUMERS);
         }
         fence_barrier_init();
     }
@@ -414,18 +430,31 @@ attnforge_fwd_bf16_d256_none_dense_sm90a(const __grid_constant__ FwdParams p, co
 #pragma unroll
             for (int c = 0; c < QK_CHUNKS; ++c)
                 tma_load_4d(sQ + c * BLOCK_M * 128, &tq, bar_q, c * 64, q_off + m0, h, bq);
-            for (int it = 0; it < n_tiles; ++it) {
+            // K runs one tile ahead of V: the consumers need K(it+1) before
+            // V(it) (S of the next tile is issued before P V of this one) and
+            // free K slots as soon as S is computed.
+            auto load_k = [&](int it) {
                 const int s = it % STAGES;
-                if (it >= STAGES) mbar_wait(kv_empty(s), ((it / STAGES) - 1) & 1);
+                if (it >= STAGES) mbar_wait(k_empty(s), ((it / STAGES) - 1) & 1);
                 const int row = k_off + n_begin + it * BLOCK_N;
                 mbar_arrive_expect_tx(k_full(s), K_BYTES);
 #pragma unroll
                 for (int c = 0; c < QK_CHUNKS; ++c)
                     tma_load_4d(sK + s * K_BYTES + c * BLOCK_N * 128, &tk, k_full(s), c * 64, row, hk, bq);
+            };
+            auto load_v = [&](int it) {
+                const int s = it % STAGES;
+                if (it >= STAGES) mbar_wait(v_empty(s), ((it / STAGES) - 1) & 1);
+                const int row = k_off + n_begin + it * BLOCK_N;
                 mbar_arrive_expect_tx(v_full(s), V_BYTES);
 #pragma unroll
                 for (int c = 0; c < V_CHUNKS; ++c)
                     tma_load_4d(sV + s * V_BYTES + c * BLOCK_N * 128, &tv, v_full(s), c * 64, row, hk, bq);
+            };
+            load_k(0);
+            for (int it = 0; it < n_tiles; ++it) {
+                if (it + 1 < n_tiles) load_k(it + 1);
+                load_v(it);
             }
         }
         return;
@@ -466,20 +495,20 @@ attnforge_fwd_bf16_d256_none_dense_sm90a(const __grid_constant__ FwdParams p, co
             wgmma_pv(acc_o, pa[kk], sw128_desc(sV + s * V_BYTES + kk * 16 * 128, BLOCK_N * 128));
         wgmma_commit();
     };
-    // Scale (and softcap) into the log2 domain, mask edge tiles, online
-    // softmax; returns the rescale factors of O in `alpha`.
+    // Softcap into the log2 domain (otherwise the softmax scales), mask edge
+    // tiles, online softmax; returns the rescale factors of O in `alpha`.
     auto softmax_tile = [&](int n0, float (&alpha)[2]) {
+        if constexpr (SOFTCAP) {
 #pragma unroll
-        for (int j = 0; j < BLOCK_N / 8; ++j)
+            for (int j = 0; j < BLOCK_N / 8; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                if constexpr (SOFTCAP) acc_s[0][j][e] = p.softcap_post * fast_tanh(acc_s[0][j][e] * p.softcap_pre);
-                else acc_s[0][j][e] *= p.scale_log2;
-            }
+                for (int e = 0; e < 4; ++e)
+                    acc_s[0][j][e] = p.softcap_post * fast_tanh(acc_s[0][j][e] * p.softcap_pre);
+        }
         const bool edge = (n0 + BLOCK_N > sk) || (MASK_KIND != 0 &&
             (win.key_lo(last_row) > n0 || win.key_hi(m0) < n0 + BLOCK_N - 1));
         if (edge) apply_mask<1, BLOCK_N>(acc_s, win, row0, n0 + 2 * t);
-        online_softmax<1, BLOCK_N / 8>(acc_s, row_max, row_sum, [&](int, int r, float a) { alpha[r] = a; });
+        online_softmax<1, BLOCK_N / 8>(acc_s, row_max, row_sum, SOFTCAP ? 1.f : p.scale_log2, [&](int, int r, float a) { alpha[r] = a; });
     };
     auto rescale_o = [&](const float (&alpha)[2]) {
 #pragma unroll
@@ -502,31 +531,73 @@ attnforge_fwd_bf16_d256_none_dense_sm90a(const __grid_constant__ FwdParams p, co
             pa[kk][3] = pack2(acc_s[0][2 * kk + 1][2], acc_s[0][2 * kk + 1][3]);
         }
     };
-    auto release = [&](int s) {
+    // This warp is done with K (V) of stage s.
+    auto release_k = [&](int s) {
         __syncwarp();
-        if (lane == 0) mbar_arrive(kv_empty(s));         // this warp is done with stage s
+        if (lane == 0) mbar_arrive(k_empty(s));
+    };
+    auto release_v = [&](int s) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(v_empty(s));
     };
 
     if (n_tiles > 0) mbar_wait(bar_q, 0);
 
-    // One tile at a time: S, softmax, P V (the other consumer warpgroup
-    // fills the tensor cores meanwhile).
-    for (int it = 0; it < n_tiles; ++it) {
-        const int s = it % STAGES;
-        const unsigned phase = (it / STAGES) & 1;
-        mbar_wait(k_full(s), phase);
+
+    // Ping-pong: a warpgroup issues its GEMMs only in its turn (named barrier
+    // 1 + cw) and then passes the turn to the other one (barrier 2 - cw), so
+    // the tensor cores run one warpgroup's S and P V while the other does
+    // its softmax. Warpgroup 0 starts; every warpgroup takes n_tiles + 1
+    // turns, and warpgroup 1 does not pass its last turn (nobody takes it).
+    static_assert(CONSUMERS == 2, "ping-pong pairs two consumer warpgroups");
+    auto take_turn = [&]() { named_bar_sync(1 + cw, 256); };
+    auto pass_turn = [&](bool last) {
+        if (!(last && cw == 1)) named_bar_arrive(2 - cw, 256);
+    };
+    if (n_tiles > 0 && cw == 1) named_bar_arrive(1, 256);
+
+    // Software-pipelined by one tile: while the tensor cores run S(it) and
+    // P(it-1) V(it-1), the warpgroup waits only for S(it) and does its
+    // softmax as the P V product finishes.
+    if (n_tiles > 0) {
+        mbar_wait(k_full(0), 0);
+        take_turn();
+        wgmma_fence();
+        issue_qk(0);
+        pass_turn(false);
+        wgmma_wait<0>();
+        release_k(0);
+        float alpha[2];
+        softmax_tile(n_begin, alpha);                    // O is still zero: alpha unused
+        pack_p();
+    }
+    for (int it = 1; it < n_tiles; ++it) {
+        const int s = it % STAGES, prev = (it - 1) % STAGES;
+        mbar_wait(k_full(s), (it / STAGES) & 1);
+        mbar_wait(v_full(prev), ((it - 1) / STAGES) & 1);
+        take_turn();
         wgmma_fence();
         issue_qk(s);
-        wgmma_wait<0>();
+        issue_pv(prev);
+        pass_turn(false);
+        wgmma_wait<1>();                                 // S(it) ready; P V may still run
+        release_k(s);
         float alpha[2];
         softmax_tile(n_begin + it * BLOCK_N, alpha);
+        wgmma_wait<0>();                                 // P(it-1) V(it-1) done
+        release_v(prev);
         rescale_o(alpha);
         pack_p();
-        mbar_wait(v_full(s), phase);
+    }
+    if (n_tiles > 0) {
+        const int last = (n_tiles - 1) % STAGES;
+        mbar_wait(v_full(last), ((n_tiles - 1) / STAGES) & 1);
+        take_turn();
         wgmma_fence();
-        issue_pv(s);
+        issue_pv(last);
+        pass_turn(true);
         wgmma_wait<0>();
-        release(s);
+        release_v(last);
     }
 
 

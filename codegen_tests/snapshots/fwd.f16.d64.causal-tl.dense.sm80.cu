@@ -149,14 +149,18 @@ __device__ __forceinline__ void apply_mask(float (&s)[MT][BN / 8][4], const RowW
         }
 }
 
-// One tile of the online softmax, scores already scaled into the log2 domain
-// and masked: per row, raise the running max, turn the scores into
+// One tile of the online softmax on masked scores that become log2-domain
+// logits when multiplied by `scale` (> 0: the softmax scale times log2(e),
+// or 1 when the caller already transformed them, as softcap does). The max
+// is taken before scaling (a positive scale keeps the order), so each
+// probability costs one FFMA and one ex2. Per row: raise the running max
+// (kept scaled, in the log2 domain), turn the scores into
 // probabilities in place, add them to the running sum, and hand
 // `rescale(mt, r, alpha)` the factor that rescales what O has accumulated so
 // far in that row (called row by row, so O can be rescaled right there).
 template <int MT, int NT, typename Rescale>
 __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&row_max)[MT][2],
-                                               float (&row_sum)[MT][2], Rescale rescale) {
+                                               float (&row_sum)[MT][2], float scale, Rescale rescale) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -165,7 +169,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&ro
 #pragma unroll
             for (int j = 0; j < NT; ++j) tile_max = fmaxf(tile_max, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
             tile_max = quad_max(tile_max);
-            const float m_new = fmaxf(row_max[mt][r], tile_max);
+            const float m_new = fmaxf(row_max[mt][r], tile_max * scale);
             const float m_use = m_new == NEG_INF ? 0.f : m_new;   // fully masked so far: all p = 0
             const float alpha = fast_exp2(row_max[mt][r] - m_use);
             row_max[mt][r] = m_new;
@@ -174,7 +178,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&ro
             for (int j = 0; j < NT; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float pv = fast_exp2(s[mt][j][2 * r + e] - m_use);
+                    const float pv = fast_exp2(fmaf(s[mt][j][2 * r + e], scale, -m_use));
                     s[mt][j][2 * r + e] = pv;
                     sum += pv;
                 }
@@ -347,22 +351,22 @@ attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
             }
         }
 
-        // Scale (and softcap) into the log2 domain.
+        // Softcap into the log2 domain (otherwise the softmax scales the scores).
+        if constexpr (SOFTCAP) {
 #pragma unroll
-        for (int mt = 0; mt < M_TILES; ++mt)
+            for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-            for (int j = 0; j < BLOCK_N / 8; ++j)
+                for (int j = 0; j < BLOCK_N / 8; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    if constexpr (SOFTCAP) acc_s[mt][j][e] = p.softcap_post * fast_tanh(acc_s[mt][j][e] * p.softcap_pre);
-                    else acc_s[mt][j][e] *= p.scale_log2;
-                }
+                    for (int e = 0; e < 4; ++e)
+                        acc_s[mt][j][e] = p.softcap_post * fast_tanh(acc_s[mt][j][e] * p.softcap_pre);
+        }
         // Mask, only on tiles that cross a row's visible range or the end of K.
         const bool edge = (n0 + BLOCK_N > sk) || (MASK_KIND != 0 &&
             (win.key_lo(last_row) > n0 || win.key_hi(m0) < n0 + BLOCK_N - 1));
         if (edge) apply_mask<M_TILES, BLOCK_N>(acc_s, win, m0 + warp_row0 + g, n0 + 2 * t);
         // Online softmax: running max and sum per row, rescale O.
-        online_softmax<M_TILES, BLOCK_N / 8>(acc_s, row_max, row_sum, [&](int mt, int r, float alpha) {
+        online_softmax<M_TILES, BLOCK_N / 8>(acc_s, row_max, row_sum, SOFTCAP ? 1.f : p.scale_log2, [&](int mt, int r, float alpha) {
 #pragma unroll
             for (int j = 0; j < DV / 8; ++j) {
                 acc_o[mt][j][2 * r] *= alpha;

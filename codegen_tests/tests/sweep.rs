@@ -160,3 +160,39 @@ fn every_matrix_spec_compiles_without_spills() {
         failures.join("\n")
     );
 }
+
+/// The sm90a forward's consumer schedules that no default plan uses (one
+/// tile at a time; pipelined without ping-pong) stay compilable and
+/// spill-free: `gpu_bench --tune90` times them against the default.
+#[test]
+fn sm90a_forward_schedule_variants_compile_without_spills() {
+    use attnforge::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
+    use attnforge::{AttnSpec, DType, Layout, Mask};
+    if let Err(e) = Nvrtc::get() {
+        if std::env::var_os("ATTNFORGE_REQUIRE_NVRTC").is_some_and(|v| v != "0") {
+            panic!("ATTNFORGE_REQUIRE_NVRTC is set but NVRTC is missing: {e}");
+        }
+        println!("skipped: NVRTC not found ({e})");
+        return;
+    }
+    for (d, mask, layout) in [
+        (64, Mask::CausalBottomRight, Layout::Thd),
+        (128, Mask::None, Layout::Dense),
+        (256, Mask::SlidingWindow, Layout::Dense),
+    ] {
+        let spec = AttnSpec::fwd(DType::Bf16, d, mask, layout, Arch::Sm90a);
+        let base = default_sm90a_tiles(&spec);
+        for (pipelined, pingpong) in [(false, false), (true, false)] {
+            let tiles = Sm90aFwdTiles {
+                pipelined,
+                pingpong,
+                ..base
+            };
+            let plan = plan_fwd_sm90a_with(&spec, tiles);
+            assert_eq!((plan.consumer_pipelined, plan.pingpong), (pipelined, pingpong));
+            let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} {tiles:?}: {e}"));
+            assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
+            assert!(k.meta.registers > 0, "{spec} {tiles:?}: no ptxas resources");
+        }
+    }
+}
