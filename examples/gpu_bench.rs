@@ -181,8 +181,14 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
         pingpong,
     };
     let variants: &[(usize, &[Sm90aFwdTiles])] = &[
-        (64, &[t(192, 3, true, true), t(192, 4, true, true), t(128, 3, true, true)]),
-        (128, &[t(128, 2, true, true), t(160, 2, true, true), t(176, 2, true, true)]),
+        (
+            64,
+            &[t(192, 3, true, true), t(192, 4, true, true), t(128, 3, true, true)],
+        ),
+        (
+            128,
+            &[t(128, 2, true, true), t(160, 2, true, true), t(176, 2, true, true)],
+        ),
         (192, &[t(96, 2, true, true)]),
         (256, &[t(80, 2, true, true)]),
     ];
@@ -197,7 +203,10 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                 match attnforge::jit::build_plan(plan) {
                     Ok(k) => {
                         let spills = k.meta.spill_stores + k.meta.spill_loads;
-                        println!("tune90 {spec} {tiles:?}: bn={bn} stages={st} pingpong={pp} regs={} spills={spills} B", k.meta.registers);
+                        println!(
+                            "tune90 {spec} {tiles:?}: bn={bn} stages={st} pingpong={pp} regs={} spills={spills} B",
+                            k.meta.registers
+                        );
                         if spills == 0 {
                             built.push((*d, causal, *tiles, k));
                         }

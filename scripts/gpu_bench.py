@@ -72,25 +72,45 @@ def peers():
 
 
 def ragged_peer(ours):
-    """FlashAttention-2 varlen through aten, on the same lengths as our ragged rows."""
+    """The peers on the same lengths as our ragged rows: FlashAttention-2 varlen
+    through aten, and cuDNN's ragged (THD) path through aten with cumulative
+    sequence offsets (what torch's nested-tensor SDPA calls), else through a
+    jagged nested tensor with SDPA restricted to cuDNN."""
     rows = []
     for r in ours:
         if "ragged_lens" not in r:
             continue
         lens, h, d, causal = r["ragged_lens"], r["h"], r["d"], r["causal"]
-        total = sum(lens)
+        total, mx = sum(lens), max(lens)
+        pairs = sum(l * l * (0.5 if causal else 1.0) for l in lens)
         cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device=dev, dtype=torch.int32)
         q, k, v = (torch.randn(total, h, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
-        row = {"impl": "torch-flash", "ragged_lens": lens, "h": h, "d": d, "causal": causal}
-        try:
-            fn = lambda: torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max(lens), max(lens), 0.0, causal, False)
-            fn()
-            ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
-            pairs = sum(l * l * (0.5 if causal else 1.0) for l in lens)
-            row.update(fwd_ms=ms, fwd_tflops=4 * pairs * h * d / ms / 1e9)
-        except Exception as e:
-            row["error"] = str(e).splitlines()[0][:160]
-        rows.append(row)
+
+        def cudnn_aten():
+            return torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu, cu, mx, mx, False, 0.0, causal, False)
+
+        def cudnn_njt():
+            offs = cu.to(torch.int64)
+            nq, nk, nv = (torch.nested.nested_tensor_from_jagged(x, offs).transpose(1, 2) for x in (q, k, v))
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return F.scaled_dot_product_attention(nq, nk, nv, is_causal=causal)
+
+        fa2 = lambda: torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, mx, mx, 0.0, causal, False)
+        for impl, fns in (("torch-flash", [("aten varlen", fa2)]),
+                          ("torch-cudnn", [("aten cum_seq", cudnn_aten), ("jagged nested tensor", cudnn_njt)])):
+            row = {"impl": impl, "ragged_lens": lens, "h": h, "d": d, "causal": causal}
+            errors = []
+            for how, fn in fns:
+                try:
+                    fn()
+                    ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                    row.update(fwd_ms=ms, fwd_tflops=4 * pairs * h * d / ms / 1e9, via=how)
+                    break
+                except Exception as e:
+                    errors.append(f"{how}: {str(e).splitlines()[0][:120]}")
+            if "fwd_tflops" not in row:
+                row["error"] = "; ".join(errors)
+            rows.append(row)
     return rows
 
 
@@ -161,6 +181,9 @@ def main():
         ratio = lambda x: f"{r['bwd_tflops'] / x:.2f}x" if x else "n/a"
         lines.append(f"| {r['d']} | {r['s']} | {r['b']} x {r['h']} | {'yes' if r['causal'] else 'no'} | {r['bwd_tflops']:.0f} | "
                      f"{fmt(fa)} | {fmt(cd)} | {ratio(fa)} | {ratio(cd)} |")
+    vias = sorted({f"{p['impl']} via {p['via']}" for p in peer_rows if "via" in p})
+    if vias:
+        lines.append("\nragged peers: " + ", ".join(vias))
     errs = [p for p in peer_rows if "error" in p]
     for p in errs:
         lines.append(f"\npeer {p['impl']} d{p['d']} {'ragged' if 'ragged_lens' in p else p.get('s')}: {p['error']}")

@@ -354,9 +354,11 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         dv / 2
     ));
     reasons.push(match (consumer_pipelined, pingpong) {
-        (true, true) => "consumers pipelined by one tile and in ping-pong: each warpgroup issues S(next) and P V(this) \
+        (true, true) => {
+            "consumers pipelined by one tile and in ping-pong: each warpgroup issues S(next) and P V(this) \
                          while the other does its softmax"
-            .into(),
+                .into()
+        }
         (true, false) => "consumers pipelined by one tile (next S issued before this P V): measured +9% at d64".into(),
         _ => "consumers one tile at a time: pipelining measured -11..-18% at d128/d256".into(),
     });
