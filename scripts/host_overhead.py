@@ -83,6 +83,25 @@ def main():
         host, total = per_call(fn)
         print(f"{mode:9s} {name:45s} {host:8.1f} us {total:8.1f} us")
     print(f"fast-path entries: {len(at._FAST)}; {next(iter(at._FAST.values()), None)!r}")
+    # The no-grad fast path piece by piece (each timed alone, same problem).
+    e = next((x for x in at._FAST.values() if x is not None and x.handle is not None), None)
+    if e is not None:
+        out, lse = at._fast_forward(e, q, k, v)
+        stream = at._raw_stream(e.index)
+        parts = [
+            ("eligibility checks (_why_not_fast)", lambda: at._why_not_fast(q, k, v, None, 0.0)),
+            ("call signature (_fast_key)", lambda: at._fast_key(q, k, v, True, None, False, False)),
+            ("current raw stream", lambda: at._raw_stream(e.index)),
+            ("5 x data_ptr()", lambda: (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr())),
+            ("one torch.empty_strided (O)", lambda: at._empty_strided(e.out[0], e.out[1], dtype=e.dtype,
+                                                                      device=e.device)),
+            ("Rust launch alone (FwdLaunch.run)", lambda: e.handle.run(q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                                                       out.data_ptr(), lse.data_ptr(), 0, 0, stream)),
+        ]
+        print("breakdown of the no-grad fast path:")
+        for name, fn in parts:
+            host, _ = per_call(fn)
+            print(f"  {name:45s} {host:8.2f} us")
     if "--profile" in sys.argv:
         pr = cProfile.Profile()
         pr.enable()
