@@ -169,36 +169,37 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
     }
 }
 
-/// The sm90a forward's schedule and tile variants per head dim (tuning;
-/// `--tune90`): built and checked for spills first (works without a GPU),
-/// then timed at seqlen 8k and 16k, causal and not.
+/// The sm90a forward's variants (tuning; `--tune90`): per head dim the
+/// planner's tiles, one block per work tile and persistent (one block per
+/// SM walking the tiles), and any listed alternatives; built and checked for
+/// spills first (works without a GPU), then timed at seqlen 512..16k, causal
+/// and not.
 fn tune90(rng: &mut rand::rngs::StdRng) {
-    use attnforge::plan::{plan_fwd_sm90a_with, Sm90aFwdTiles};
-    let t = |block_n, stages, pipelined, pingpong| Sm90aFwdTiles {
-        block_n,
-        stages,
-        pipelined,
-        pingpong,
-    };
-    let variants: &[(usize, &[Sm90aFwdTiles])] = &[
-        (
-            64,
-            &[t(192, 3, true, true), t(192, 4, true, true), t(128, 3, true, true)],
-        ),
-        (
-            128,
-            &[t(128, 2, true, true), t(160, 2, true, true), t(176, 2, true, true)],
-        ),
-        (192, &[t(96, 2, true, true)]),
-        (256, &[t(80, 2, true, true)]),
-    ];
+    use attnforge::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
+    let alternatives: &[(usize, &[Sm90aFwdTiles])] = &[];
     let mut built = Vec::new();
-    for (d, vs) in variants {
+    for d in [64usize, 128, 256] {
         for causal in [false, true] {
             let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
-            let spec = AttnSpec::fwd(DType::Bf16, *d as u16, mask, Layout::Dense, Arch::Sm90a);
-            for tiles in vs.iter() {
-                let plan = plan_fwd_sm90a_with(&spec, *tiles);
+            let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, Arch::Sm90a);
+            let base = default_sm90a_tiles(&spec);
+            let mut tiles = vec![
+                Sm90aFwdTiles {
+                    persistent: false,
+                    ..base
+                },
+                Sm90aFwdTiles {
+                    persistent: true,
+                    ..base
+                },
+            ];
+            for (ad, vs) in alternatives {
+                if *ad == d {
+                    tiles.extend_from_slice(vs);
+                }
+            }
+            for tiles in tiles {
+                let plan = plan_fwd_sm90a_with(&spec, tiles);
                 let (bn, st, pp) = (plan.block_n, plan.stages, plan.pingpong);
                 match attnforge::jit::build_plan(plan) {
                     Ok(k) => {
@@ -208,7 +209,7 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                             k.meta.registers
                         );
                         if spills == 0 {
-                            built.push((*d, causal, *tiles, k));
+                            built.push((d, causal, tiles, k));
                         }
                     }
                     Err(e) => println!("tune90 {spec} {tiles:?}: {e}"),
@@ -221,7 +222,7 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
         return;
     }
     launch::ensure_context(0).expect("context");
-    for s in [8192usize, 16384] {
+    for s in [512usize, 2048, 8192, 16384] {
         for (d, causal, tiles, k) in &built {
             let (d, h) = (*d, 2048 / *d);
             let b = 16384 / s;
@@ -239,8 +240,8 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
             );
             let tf = 4.0 * (b * h * s * s * d) as f64 * if *causal { 0.5 } else { 1.0 } / ms / 1e9;
             println!(
-                "tune90 d={d:<3} s={s:<5} causal={causal:<5} bn={:<3} stages={} pipelined={:<5} pingpong={:<5} {tf:6.1} TFLOP/s",
-                k.plan.block_n, k.plan.stages, tiles.pipelined, k.plan.pingpong
+                "tune90 d={d:<3} s={s:<5} causal={causal:<5} bn={:<3} stages={} pingpong={:<5} persistent={:<5} {tf:6.1} TFLOP/s",
+                k.plan.block_n, k.plan.stages, k.plan.pingpong, tiles.persistent
             );
         }
     }

@@ -22,13 +22,14 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{result, sys};
 use thiserror::Error;
 
 use crate::jit::CompiledKernel;
-use crate::plan::{KernelPlan, Template};
+use crate::plan::{GridRule, KernelPlan, Template};
 use crate::spec::{Arch, AttnSpec, Direction, Layout, Mask};
 
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -185,6 +186,12 @@ pub struct LaunchDims {
 
 const LOG2_E: f32 = std::f32::consts::LOG2_E;
 
+/// Most work tiles of a persistent launch: the kernel's tile index
+/// (`tile += gridDim.x`, at most 65536 blocks) stays within `int`.
+pub const MAX_PERSISTENT_TILES: u64 = i32::MAX as u64 - 65536;
+/// Most blocks of a persistent launch.
+pub const MAX_PERSISTENT_GRID: u32 = 65536;
+
 /// Validate a forward call against its plan and build the parameter block.
 /// Returns `Ok(None)` when there is nothing to compute (an empty problem).
 pub fn check_fwd(plan: &KernelPlan, a: &FwdArgs) -> Result<Option<(FwdParams, LaunchDims)>, LaunchError> {
@@ -223,20 +230,39 @@ pub fn check_fwd(plan: &KernelPlan, a: &FwdArgs) -> Result<Option<(FwdParams, La
         }
     };
     let num_m_blocks = p.seqlen_q.div_ceil(plan.block_m);
-    if num_m_blocks > 65535 {
-        return Err(invalid(
-            "seqlen_q",
-            format!(
-                "{} exceeds the grid limit of {} query rows",
-                p.seqlen_q,
-                65535 * plan.block_m
-            ),
-        ));
-    }
     let bh = batch as u64 * p.heads_q as u64;
-    if bh > i32::MAX as u64 {
-        return Err(invalid("batch", "batch * heads_q exceeds 2^31 - 1"));
-    }
+    let grid = match plan.grid {
+        GridRule::BatchHeadsByQueryTiles => {
+            if num_m_blocks > 65535 {
+                return Err(invalid(
+                    "seqlen_q",
+                    format!(
+                        "{} exceeds the grid limit of {} query rows",
+                        p.seqlen_q,
+                        65535 * plan.block_m
+                    ),
+                ));
+            }
+            if bh > i32::MAX as u64 {
+                return Err(invalid("batch", "batch * heads_q exceeds 2^31 - 1"));
+            }
+            (bh as u32, num_m_blocks, 1)
+        }
+        GridRule::PersistentTiles => {
+            // The kernel walks `tile += gridDim.x` in int: keep room for one step.
+            let tiles = bh * num_m_blocks as u64;
+            if tiles > MAX_PERSISTENT_TILES {
+                return Err(invalid(
+                    "batch",
+                    format!(
+                        "batch * heads_q * ceil(seqlen_q / {}) = {tiles} work tiles exceeds {MAX_PERSISTENT_TILES}",
+                        plan.block_m
+                    ),
+                ));
+            }
+            (tiles as u32, 1, 1)
+        }
+    };
     let (softcap_pre, softcap_post) = if spec.softcap {
         (scale / p.softcap, p.softcap * LOG2_E)
     } else {
@@ -286,7 +312,7 @@ pub fn check_fwd(plan: &KernelPlan, a: &FwdArgs) -> Result<Option<(FwdParams, La
         params.o_sb = 0;
     }
     let dims = LaunchDims {
-        grid: (bh as u32, num_m_blocks, 1),
+        grid,
         block: (plan.threads(), 1, 1),
         smem: plan.smem_bytes,
     };
@@ -448,6 +474,21 @@ pub fn current_compute_capability() -> Result<(i32, i32), LaunchError> {
     }
 }
 
+/// Streaming multiprocessors of the current context's device.
+pub fn device_sm_count() -> Result<u32, LaunchError> {
+    init_driver()?;
+    let mut dev = 0;
+    // SAFETY: plain out-parameter queries on the current context.
+    unsafe {
+        sys::cuCtxGetDevice(&mut dev)
+            .result()
+            .map_err(driver_err("cuCtxGetDevice"))?;
+        let n = result::device::get_attribute(dev, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver_err("cuDeviceGetAttribute"))?;
+        Ok(n.max(1) as u32)
+    }
+}
+
 /// A kernel loaded into one CUDA context.
 #[derive(Debug)]
 pub struct LoadedKernel {
@@ -461,9 +502,26 @@ pub struct LoadedKernel {
     /// encode (a pure function of them), so that repeated calls on the same
     /// buffers skip the driver's encoding.
     last_maps: Mutex<Option<([TmaView; 3], [sys::CUtensorMap; 3])>>,
+    /// Persistent kernels ([`GridRule::PersistentTiles`]): the most blocks a
+    /// launch gets (SMs × resident blocks per SM, from the driver at load).
+    persistent_grid: AtomicU32,
 }
 
 impl LoadedKernel {
+    /// The block cap of a persistent launch (see [`Self::set_persistent_grid`]).
+    pub fn persistent_grid(&self) -> u32 {
+        self.persistent_grid.load(Ordering::Relaxed)
+    }
+
+    /// Cap the blocks of this kernel's persistent launches (clamped to
+    /// 1..=65536): fewer blocks than SMs walk more tiles each (tests use it
+    /// to make every block walk several tiles); `u32::MAX` gives one block
+    /// per tile, the non-persistent schedule. No effect on other grid rules.
+    pub fn set_persistent_grid(&self, blocks: u32) {
+        self.persistent_grid
+            .store(blocks.clamp(1, MAX_PERSISTENT_GRID), Ordering::Relaxed);
+    }
+
     /// The entry point `name` of this module: the plan's `entry` is the one
     /// [`load`] resolved; any other (the backward's `_pre`, `_dq`, ...) is
     /// looked up once, given the plan's max-dynamic-shared-memory attribute,
@@ -553,6 +611,13 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
             let _ = result::module::unload(module);
             return Err(driver_err("cuFuncSetAttribute")(e));
         }
+        let resident = match resident_blocks(func, &kernel.plan) {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = result::module::unload(module);
+                return Err(e);
+            }
+        };
         LoadedKernel {
             spec: kernel.spec,
             plan: kernel.plan.clone(),
@@ -560,6 +625,7 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
             func,
             others: Mutex::new(HashMap::new()),
             last_maps: Mutex::new(None),
+            persistent_grid: AtomicU32::new(resident.clamp(1, MAX_PERSISTENT_GRID)),
         }
     };
     let loaded = Arc::new(loaded);
@@ -569,6 +635,18 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
     Ok(loaded)
 }
 
+/// Blocks of `func` that the whole device holds at once: SMs × the driver's
+/// occupancy for the plan's threads and dynamic shared memory.
+///
+/// # Safety
+/// `func` must be a loaded function of the current context.
+unsafe fn resident_blocks(func: sys::CUfunction, plan: &KernelPlan) -> Result<u32, LaunchError> {
+    let per_sm =
+        result::occupancy::max_active_block_per_multiprocessor(func, plan.threads() as i32, plan.smem_bytes as usize)
+            .map_err(driver_err("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
+    Ok(device_sm_count()?.saturating_mul(per_sm.max(1) as u32))
+}
+
 /// Check the arguments and launch the forward kernel on `stream`.
 ///
 /// # Safety
@@ -576,9 +654,12 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
 /// enough for the shapes and strides given, and `stream` a valid stream of
 /// that context (or null for the legacy default stream).
 pub unsafe fn launch_fwd(k: &LoadedKernel, args: &FwdArgs, stream: sys::CUstream) -> Result<(), LaunchError> {
-    let Some((mut params, dims)) = check_fwd(&k.plan, args)? else {
+    let Some((mut params, mut dims)) = check_fwd(&k.plan, args)? else {
         return Ok(());
     };
+    if k.plan.grid == GridRule::PersistentTiles {
+        dims.grid.0 = dims.grid.0.min(k.persistent_grid());
+    }
     // The sm90a forward takes its Q/K/V tensor maps after the parameter block.
     let (mut maps, n) = if k.plan.template == Template::FwdSm90a {
         (k.tensor_maps(args)?, 4)
@@ -814,6 +895,39 @@ mod tests {
         // 7 pointers + 14 i64 + 8 i32 + 3 f32 + 1 i32, no padding.
         assert_eq!(std::mem::size_of::<FwdParams>(), 7 * 8 + 14 * 8 + 12 * 4);
         assert_eq!(std::mem::offset_of!(FwdParams, batch), 7 * 8 + 14 * 8);
+    }
+
+    #[test]
+    fn sm90a_grid_counts_work_tiles_and_refuses_int_overflow() {
+        use crate::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
+        let spec = AttnSpec::fwd(DType::Bf16, 128, Mask::CausalBottomRight, Layout::Dense, Arch::Sm90a);
+        // The planner's default: one block per work tile, in (batch x heads, query blocks).
+        let (_, dims) = check_fwd(&plan(&spec).unwrap(), &dense_args(2, 8, 2, 1000, 700, 128))
+            .unwrap()
+            .unwrap();
+        assert_eq!(dims.grid, (16, 1000u32.div_ceil(128), 1));
+        let tiles = Sm90aFwdTiles {
+            persistent: true,
+            ..default_sm90a_tiles(&spec)
+        };
+        let pl = plan_fwd_sm90a_with(&spec, tiles);
+        assert_eq!(pl.grid, GridRule::PersistentTiles);
+        // 2 x 8 (batch x heads) x ceil(1000 / 128) query blocks, in x alone;
+        // the launcher caps x at the resident blocks.
+        let (_, dims) = check_fwd(&pl, &dense_args(2, 8, 2, 1000, 700, 128)).unwrap().unwrap();
+        assert_eq!(dims.grid, (2 * 8 * 1000u32.div_ceil(pl.block_m), 1, 1));
+        // More query blocks than grid.y allows are fine here ...
+        let long = dense_args(1, 1, 1, 65536 * pl.block_m, 64, 128);
+        assert!(check_fwd(&pl, &long).unwrap().is_some());
+        // ... but the tile index must stay within int with a grid step to spare.
+        let mut many = dense_args(1, 1, 1, 64, 64, 128);
+        many.problem.batch = 1 << 20;
+        many.problem.heads_q = 1 << 11;
+        many.problem.heads_kv = 1 << 11;
+        assert!(matches!(
+            check_fwd(&pl, &many),
+            Err(LaunchError::InvalidArgument { arg: "batch", .. })
+        ));
     }
 
     #[test]

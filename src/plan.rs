@@ -50,6 +50,12 @@ pub enum GridRule {
     /// (≤ 65535). Blocks walk `y` in reverse so that, under a causal mask,
     /// the longest query tiles start first.
     BatchHeadsByQueryTiles,
+    /// Persistent: the work tiles are `batch * heads_q * ceil(max_seqlen_q /
+    /// block_m)` (kept below 2^31 - 65536), and the launcher gives
+    /// `grid.x = min(tiles, resident blocks)`; each block walks tiles
+    /// `blockIdx.x, + gridDim.x, ...`, the last query block of every
+    /// (batch, head) first.
+    PersistentTiles,
 }
 
 /// Everything the template and the launcher need, besides the spec.
@@ -262,10 +268,11 @@ pub const SM90A_CONSUMER_REGS: u32 = 240;
 
 /// Shared memory of the sm90a forward: Q once, K and V `stages` deep, each as
 /// 64-column (128-byte) swizzled chunks; 1 KB to align the base to the
-/// swizzle period, and the mbarriers (Q; K and V full and empty per stage).
+/// swizzle period, and the mbarriers (Q full and empty; K and V full and
+/// empty per stage).
 fn fwd_sm90a_smem(block_m: u32, block_n: u32, stages: u32, qk_chunks: u32, v_chunks: u32) -> u32 {
     let tiles = 128 * (block_m * qk_chunks + stages * block_n * (qk_chunks + v_chunks));
-    tiles + 1024 + 8 * (1 + 4 * stages)
+    tiles + 1024 + 8 * (2 + 4 * stages)
 }
 
 /// The free choices of the Hopper forward: keys per step, K/V ring depth,
@@ -277,6 +284,9 @@ pub struct Sm90aFwdTiles {
     pub stages: u32,
     pub pipelined: bool,
     pub pingpong: bool,
+    /// One block per SM walking the work tiles ([`GridRule::PersistentTiles`])
+    /// instead of one block per tile.
+    pub persistent: bool,
 }
 
 /// The planner's choice of [`Sm90aFwdTiles`] for a spec (before the
@@ -301,6 +311,7 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
         stages,
         pipelined: true,
         pingpong: true,
+        persistent: false,
     }
 }
 
@@ -333,6 +344,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         mut stages,
         pipelined: consumer_pipelined,
         pingpong,
+        persistent,
     } = tiles;
     let pingpong = pingpong && consumer_pipelined;
     let limit = spec.arch.max_smem_per_block();
@@ -362,6 +374,13 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         (true, false) => "consumers pipelined by one tile (next S issued before this P V): measured +9% at d64".into(),
         _ => "consumers one tile at a time: pipelining measured -11..-18% at d128/d256".into(),
     });
+    reasons.push(if persistent {
+        "persistent: grid = min(work tiles, resident blocks); each block walks its tiles longest-first and \
+         loads the next tile's Q under this tile's last P V and epilogue"
+            .into()
+    } else {
+        "one block per work tile, longest causal tiles first".into()
+    });
     KernelPlan {
         spec: *spec,
         template: Template::FwdSm90a,
@@ -379,7 +398,11 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         smem_bytes,
         min_blocks_per_sm: 1,
         compile_options: Vec::new(),
-        grid: GridRule::BatchHeadsByQueryTiles,
+        grid: if persistent {
+            GridRule::PersistentTiles
+        } else {
+            GridRule::BatchHeadsByQueryTiles
+        },
         reasons,
         consumer_pipelined,
         pingpong,

@@ -123,6 +123,7 @@ struct FwdSm90aContext {
     consumer_regs: u32,
     pipelined: bool,
     pingpong: bool,
+    persistent: bool,
 }
 
 /// The values the backward template sees (see `plan::plan_bwd` for the tiles).
@@ -251,6 +252,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
             consumer_regs: crate::plan::SM90A_CONSUMER_REGS,
             pipelined: plan.consumer_pipelined,
             pingpong: plan.pingpong,
+            persistent: plan.grid == crate::plan::GridRule::PersistentTiles,
         })
         .map_err(ctx_err)?,
         (Template::FwdSm80, _) => Context::from_serialize(FwdContext {

@@ -100,7 +100,14 @@ struct Outcome {
     problems: Vec<String>,
 }
 
-fn run_case(c: &Case, kernel: &attnforge::CompiledKernel, rng: &mut rand::rngs::StdRng) -> Outcome {
+/// Run one case on `kernel`; a persistent kernel gets at most `grid_cap`
+/// blocks when given (the cap is restored after the launch).
+fn run_case(
+    c: &Case,
+    kernel: &attnforge::CompiledKernel,
+    grid_cap: Option<u32>,
+    rng: &mut rand::rngs::StdRng,
+) -> Outcome {
     let spec = kernel.spec;
     let dt = spec.dtype;
     let (dq, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
@@ -258,8 +265,14 @@ fn run_case(c: &Case, kernel: &attnforge::CompiledKernel, rng: &mut rand::rngs::
         },
     };
     let loaded = launch::load(kernel).expect("load");
+    let default_cap = loaded.persistent_grid();
+    if let Some(cap) = grid_cap {
+        loaded.set_persistent_grid(cap);
+    }
     // SAFETY: buffers sized for the shapes above, null stream.
-    unsafe { launch::launch_fwd(&loaded, &args, std::ptr::null_mut()) }.expect("launch");
+    let launched = unsafe { launch::launch_fwd(&loaded, &args, std::ptr::null_mut()) };
+    loaded.set_persistent_grid(default_cap);
+    launched.expect("launch");
     // SAFETY: synchronize the context after the launch; a kernel fault surfaces here.
     unsafe { sys::cuCtxSynchronize() }.result().expect("kernel execution");
     drop(inputs);
@@ -399,15 +412,35 @@ fn main() {
 /// The forward kernels a spec runs as on this device: the planner's choice,
 /// and for sm90a specs also the sm80 instruction path built for sm90a (the
 /// planner routes there what the wgmma template does not take), so that one
-/// H200 run checks both templates on every case.
-fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel)> {
-    use attnforge::plan::{default_fwd_tiles, plan_fwd_sm80_with, Template};
+/// H200 run checks both templates on every case. A persistent kernel also
+/// runs on 3 blocks, so that every block walks several work tiles (the
+/// suite's problems have fewer tiles than the device has SMs) and the ring
+/// and Q barriers carry across tiles.
+fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel, Option<u32>)> {
+    use attnforge::plan::{
+        default_fwd_tiles, default_sm90a_tiles, plan_fwd_sm80_with, plan_fwd_sm90a_with, GridRule, Sm90aFwdTiles,
+        Template,
+    };
     let planned = attnforge::get_or_build(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
-    let mut v = vec![(planned.plan.template.file(), (*planned).clone())];
+    let mut v = vec![(planned.plan.template.file(), (*planned).clone(), None)];
+    if planned.plan.template == Template::FwdSm90a {
+        // The persistent form of the wgmma kernel (the planner's, or its twin).
+        let persistent = if planned.plan.grid == GridRule::PersistentTiles {
+            (*planned).clone()
+        } else {
+            let tiles = Sm90aFwdTiles {
+                persistent: true,
+                ..default_sm90a_tiles(spec)
+            };
+            attnforge::jit::build_plan(plan_fwd_sm90a_with(spec, tiles))
+                .unwrap_or_else(|e| panic!("{spec} (persistent): {e}"))
+        };
+        v.push(("fwd_sm90a.cu persistent on 3 blocks", persistent, Some(3)));
+    }
     if planned.plan.template != Template::FwdSm80 {
         let sm80 = attnforge::jit::build_plan(plan_fwd_sm80_with(spec, default_fwd_tiles(spec)))
             .unwrap_or_else(|e| panic!("{spec} (sm80 path): {e}"));
-        v.push((Template::FwdSm80.file(), sm80));
+        v.push((Template::FwdSm80.file(), sm80, None));
     }
     v
 }
@@ -439,8 +472,8 @@ fn gpu_forward_matches_f64_reference() {
         if cc.0 != 8 {
             spec = spec.with_arch(device_arch);
         }
-        for (path, kernel) in kernels_for(&spec) {
-            let out = run_case(&c, &kernel, &mut rng);
+        for (path, kernel, grid_cap) in kernels_for(&spec) {
+            let out = run_case(&c, &kernel, grid_cap, &mut rng);
             let (ob, lb) = bounds(spec.dtype);
             let ok = out.o_rel <= ob && out.lse_max_abs <= lb && out.problems.is_empty();
             if !ok {

@@ -4,6 +4,7 @@
 // completion on mbarriers); 2 consumer warpgroups own 64 query rows each and
 // run S = QK^T (wgmma, both operands in shared memory), the online softmax in
 // registers, and O += PV (wgmma, P from registers, V read transposed).
+// Work tiles in the order of tile_at (longest causal tiles first): one tile per block.
 // Plan: block_m=128 block_n=128 stages=2 registers 24/240
 // consumer loop: pipelined by one tile (S of the next tile issued before P V of this one), the two consumer warpgroups taking turns at the tensor cores (ping-pong).
 // Do not edit: rendered by attnforge from templates/fwd_sm90a.cu.
@@ -23,6 +24,16 @@ constexpr int QK_KSTEPS = 8;           // 16-wide k-steps of S = QK^T
 constexpr int MASK_KIND = 2;
 constexpr bool IS_THD = true;
 constexpr bool SOFTCAP = false;
+
+// The work-tile walk: persistent (each block walks tiles blockIdx.x, +
+// gridDim.x, ...) or one tile per block (grid (batch x heads, query
+// blocks)). The one-tile form is a do/while(false) so that `continue` skips
+// a tile in both; it keeps the loop nest shallow, which lets ptxas build the
+// wgmma descriptors in uniform registers (docs/kernels.md).
+
+#define TILE_LOOP_BEGIN { const int tile = blockIdx.x + blockIdx.y * gridDim.x; do {
+#define TILE_LOOP_END } while (false); }
+
 
 // ---- common/ptx.cuh: header-free device helpers (inline PTX) -----------------
 // Kernels are compiled by NVRTC with no include path: no cuda_fp16.h or
@@ -304,7 +315,60 @@ constexpr unsigned K_BYTES = BLOCK_N * 128 * QK_CHUNKS;   // one stage
 constexpr unsigned V_BYTES = BLOCK_N * 128 * V_CHUNKS;
 constexpr unsigned OFF_K = Q_BYTES;
 constexpr unsigned OFF_V = OFF_K + STAGES * K_BYTES;
-constexpr unsigned OFF_BAR = OFF_V + STAGES * V_BYTES;    // q_full, k_full[S], v_full[S], k_empty[S], v_empty[S]
+constexpr unsigned OFF_BAR = OFF_V + STAGES * V_BYTES;    // q_full, q_empty, k_full[S], v_full[S], k_empty[S], v_empty[S]
+
+// One work tile: query rows [m0, m0 + BLOCK_M) of (batch b, head h), and the
+// key tiles [n_begin, n_begin + n_tiles * BLOCK_N) that they see. n_tiles is
+// -1 when the tile has no query rows (past a ragged sequence's end: skipped)
+// and 0 when its rows see no key (O = 0, LSE = -inf are still written).
+struct Tile {
+    int b, h, hk, m0, sq, sk, q_off, k_off, n_begin, n_tiles;
+};
+
+// The K/V ring after a work tile of n key tiles (slots 0, 1, ... from the
+// start): the slots filled an odd number of times (their parity flips), and
+// the slots filled at all.
+__device__ __forceinline__ unsigned ring_flips(int n) {
+    unsigned m = 0;
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s)
+        if (n > s && (((n - 1 - s) / STAGES) & 1) == 0) m |= 1u << s;
+    return m;
+}
+__device__ __forceinline__ unsigned ring_touched(int n) {
+    return n >= STAGES ? (1u << STAGES) - 1u : (1u << n) - 1u;
+}
+
+// Tile t of the walk: all (batch, head) pairs of the last query block
+// first, so that under a causal mask the longest tiles start first.
+__device__ __forceinline__ Tile tile_at(const FwdParams& p, int t) {
+    Tile w;
+    const int bh_count = p.batch * p.heads_q;
+    const int bh = t % bh_count;
+    w.b = bh / p.heads_q;
+    w.h = bh % p.heads_q;
+    w.hk = w.h / p.gqa_ratio;
+    w.m0 = (p.num_m_blocks - 1 - t / bh_count) * BLOCK_M;
+    w.sq = p.seqlen_q;
+    w.sk = p.seqlen_k;
+    w.q_off = 0;
+    w.k_off = 0;
+    if constexpr (IS_THD) {
+        w.q_off = p.cu_seqlens_q[w.b];
+        w.k_off = p.cu_seqlens_k[w.b];
+        w.sq = p.cu_seqlens_q[w.b + 1] - w.q_off;
+        w.sk = p.cu_seqlens_k[w.b + 1] - w.k_off;
+    }
+    w.n_begin = 0;
+    w.n_tiles = -1;
+    if (w.m0 >= w.sq) return w;
+    const RowWindow win(w.sq, w.sk, p.window_left, p.window_right);
+    const int last_row = min(w.m0 + BLOCK_M, w.sq) - 1;
+    w.n_begin = (win.key_lo(w.m0) / BLOCK_N) * BLOCK_N;
+    const int n_end = min(w.sk, win.key_hi(last_row) + 1);
+    w.n_tiles = n_end > w.n_begin ? (n_end - w.n_begin + BLOCK_N - 1) / BLOCK_N : 0;
+    return w;
+}
 
 // S (64 x BLOCK_N) = Q (64 x 16) K^T (16 x BLOCK_N), accumulating when `acc`
 // is nonzero. Both operands K-major in shared memory.
@@ -366,86 +430,93 @@ attnforge_fwd_bf16_d128_causal_br_thd_sm90a(const __grid_constant__ FwdParams p,
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
     const unsigned sQ = base, sK = base + OFF_K, sV = base + OFF_V;
-    const unsigned bar_q = base + OFF_BAR;
-    auto k_full = [&](int s) { return bar_q + 8u * (1 + s); };
-    auto v_full = [&](int s) { return bar_q + 8u * (1 + STAGES + s); };
-    auto k_empty = [&](int s) { return bar_q + 8u * (1 + 2 * STAGES + s); };
-    auto v_empty = [&](int s) { return bar_q + 8u * (1 + 3 * STAGES + s); };
+    const unsigned bar_q = base + OFF_BAR, q_empty = base + OFF_BAR + 8u;
+    auto k_full = [&](int s) { return bar_q + 8u * (2 + s); };
+    auto v_full = [&](int s) { return bar_q + 8u * (2 + STAGES + s); };
+    auto k_empty = [&](int s) { return bar_q + 8u * (2 + 2 * STAGES + s); };
+    auto v_empty = [&](int s) { return bar_q + 8u * (2 + 3 * STAGES + s); };
 
     const int tid = threadIdx.x;
-    const int bh = blockIdx.x;
-    const int b = bh / p.heads_q, h = bh % p.heads_q;
-    const int hk = h / p.gqa_ratio;
-    const int m_block = gridDim.y - 1 - blockIdx.y;      // longest causal tiles first
-
-    int sq = p.seqlen_q, sk = p.seqlen_k, q_off = 0, k_off = 0;
-    if constexpr (IS_THD) {
-        q_off = p.cu_seqlens_q[b];
-        k_off = p.cu_seqlens_k[b];
-        sq = p.cu_seqlens_q[b + 1] - q_off;
-        sk = p.cu_seqlens_k[b + 1] - k_off;
-    }
-    const int m0 = m_block * BLOCK_M;
-    if (m0 >= sq) return;                                // whole block uniform
-
-    const RowWindow win(sq, sk, p.window_left, p.window_right);
-    const int last_row = min(m0 + BLOCK_M, sq) - 1;
-    const int n_begin = (win.key_lo(m0) / BLOCK_N) * BLOCK_N;
-    const int n_end = min(sk, win.key_hi(last_row) + 1);
-    const int n_tiles = n_end > n_begin ? (n_end - n_begin + BLOCK_N - 1) / BLOCK_N : 0;
+    // The launcher keeps tiles + gridDim.x within int range.
+    const int total_tiles = p.batch * p.heads_q * p.num_m_blocks;
 
     if (tid == 0) {
         mbar_init(bar_q, 1);
+        mbar_init(q_empty, 4 * CONSUMERS);               // lane 0 of every consumer warp
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(k_full(s), 1);
             mbar_init(v_full(s), 1);
-            mbar_init(k_empty(s), 4 * CONSUMERS);        // lane 0 of every consumer warp
+            mbar_init(k_empty(s), 4 * CONSUMERS);
             mbar_init(v_empty(s), 4 * CONSUMERS);
         }
         fence_barrier_init();
     }
     __syncthreads();
 
+    // Both roles walk the same tiles and keep the same ring state. Every work
+    // tile starts the K/V ring at slot 0 (key tile `it` in slot it % STAGES),
+    // so that slot addresses, and the wgmma descriptors built from them,
+    // depend on `it` alone; `ring_par` holds per slot the parity of its fills
+    // before this tile (key tile `it` waits for phase parity
+    // ring_par[s] ^ (it / STAGES) & 1). `q_loads` counts the Q loads (the
+    // parity of bar_q and q_empty).
     const int wg = tid / 128;
     if (wg == 0) {
         // Producer: one thread issues every copy; the others only give their registers back.
         regs_release<24>();
-        if (tid == 0 && n_tiles > 0) {
+        if (tid == 0) {
             tma_prefetch_map(&tq);
             tma_prefetch_map(&tk);
             tma_prefetch_map(&tv);
-            // Coordinates (column, row, head, batch); THD rows are token indices.
-            const int bq = IS_THD ? 0 : b;
-            mbar_arrive_expect_tx(bar_q, Q_BYTES);
-#pragma unroll
-            for (int c = 0; c < QK_CHUNKS; ++c)
-                tma_load_4d(sQ + c * BLOCK_M * 128, &tq, bar_q, c * 64, q_off + m0, h, bq);
-            // K runs one tile ahead of V: the consumers need K(it+1) before
-            // V(it) (S of the next tile is issued before P V of this one) and
-            // free K slots as soon as S is computed.
-            auto load_k = [&](int it) {
-                const int s = it % STAGES;
-                if (it >= STAGES) mbar_wait(k_empty(s), ((it / STAGES) - 1) & 1);
-                const int row = k_off + n_begin + it * BLOCK_N;
-                mbar_arrive_expect_tx(k_full(s), K_BYTES);
+            unsigned ring_par = 0, ring_used = 0;        // per slot: fill parity; filled before
+            int q_loads = 0;
+            TILE_LOOP_BEGIN
+                const Tile w = tile_at(p, tile);
+                if (w.n_tiles <= 0) continue;
+                // Coordinates (column, row, head, batch); THD rows are token indices.
+                const int bq = IS_THD ? 0 : w.b;
+                // Q of the previous tile is free once its last S is computed.
+                if (q_loads > 0) mbar_wait(q_empty, (q_loads - 1) & 1);
+                mbar_arrive_expect_tx(bar_q, Q_BYTES);
 #pragma unroll
                 for (int c = 0; c < QK_CHUNKS; ++c)
-                    tma_load_4d(sK + s * K_BYTES + c * BLOCK_N * 128, &tk, k_full(s), c * 64, row, hk, bq);
-            };
-            auto load_v = [&](int it) {
-                const int s = it % STAGES;
-                if (it >= STAGES) mbar_wait(v_empty(s), ((it / STAGES) - 1) & 1);
-                const int row = k_off + n_begin + it * BLOCK_N;
-                mbar_arrive_expect_tx(v_full(s), V_BYTES);
+                    tma_load_4d(sQ + c * BLOCK_M * 128, &tq, bar_q, c * 64, w.q_off + w.m0, w.h, bq);
+                ++q_loads;
+                // K runs one tile ahead of V: the consumers need K(it+1) before
+                // V(it) (S of the next tile is issued before P V of this one) and
+                // free K slots as soon as S is computed.
+                // Fill number u of slot s in this tile: wait until the
+                // consumers have released the slot's previous fill.
+                auto wait_free = [&](unsigned empty, int s, int u) {
+                    if (u > 0 || ((ring_used >> s) & 1u))
+                        mbar_wait(empty, ((ring_par >> s) ^ (unsigned)u ^ 1u) & 1u);
+                };
+                auto load_k = [&](int it) {
+                    const int s = it % STAGES;
+                    wait_free(k_empty(s), s, it / STAGES);
+                    const int row = w.k_off + w.n_begin + it * BLOCK_N;
+                    mbar_arrive_expect_tx(k_full(s), K_BYTES);
 #pragma unroll
-                for (int c = 0; c < V_CHUNKS; ++c)
-                    tma_load_4d(sV + s * V_BYTES + c * BLOCK_N * 128, &tv, v_full(s), c * 64, row, hk, bq);
-            };
-            load_k(0);
-            for (int it = 0; it < n_tiles; ++it) {
-                if (it + 1 < n_tiles) load_k(it + 1);
-                load_v(it);
-            }
+                    for (int c = 0; c < QK_CHUNKS; ++c)
+                        tma_load_4d(sK + s * K_BYTES + c * BLOCK_N * 128, &tk, k_full(s), c * 64, row, w.hk, bq);
+                };
+                auto load_v = [&](int it) {
+                    const int s = it % STAGES;
+                    wait_free(v_empty(s), s, it / STAGES);
+                    const int row = w.k_off + w.n_begin + it * BLOCK_N;
+                    mbar_arrive_expect_tx(v_full(s), V_BYTES);
+#pragma unroll
+                    for (int c = 0; c < V_CHUNKS; ++c)
+                        tma_load_4d(sV + s * V_BYTES + c * BLOCK_N * 128, &tv, v_full(s), c * 64, row, w.hk, bq);
+                };
+                load_k(0);
+                for (int it = 0; it < w.n_tiles; ++it) {
+                    if (it + 1 < w.n_tiles) load_k(it + 1);
+                    load_v(it);
+                }
+                ring_par ^= ring_flips(w.n_tiles);
+                ring_used |= ring_touched(w.n_tiles);
+            TILE_LOOP_END
         }
         return;
     }
@@ -454,161 +525,184 @@ attnforge_fwd_bf16_d128_causal_br_thd_sm90a(const __grid_constant__ FwdParams p,
     regs_claim<240>();
     const int cw = wg - 1;
     const int warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int row0 = m0 + cw * 64 + warp * 16 + g;       // this thread's first row (and row0 + 8)
-
-    float acc_o[DV / 8][4];
-    float row_max[1][2] = {{NEG_INF, NEG_INF}}, row_sum[1][2] = {{0.f, 0.f}};
-#pragma unroll
-    for (int j = 0; j < DV / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_o[j][e] = 0.f;
-    float acc_s[1][BLOCK_N / 8][4];
-    unsigned pa[BLOCK_N / 16][4];                        // P, the A operand of P V
-
     const unsigned q_rows = sQ + cw * 64 * 128;          // this warpgroup's 64 rows in each chunk
-    // S = Q K(stage s)^T, committed as one wgmma group.
-    auto issue_qk = [&](int s) {
-#pragma unroll
-        for (int ks = 0; ks < QK_KSTEPS; ++ks) {
-            const unsigned in_chunk = (ks % 4) * 32;
-            wgmma_qk(acc_s[0],
-                     sw128_desc(q_rows + (ks / 4) * BLOCK_M * 128 + in_chunk, 16),
-                     sw128_desc(sK + s * K_BYTES + (ks / 4) * BLOCK_N * 128 + in_chunk, 16),
-                     ks > 0);
-        }
-        wgmma_commit();
-    };
-    // O += P V(stage s), committed as one wgmma group.
-    auto issue_pv = [&](int s) {
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-            wgmma_pv(acc_o, pa[kk], sw128_desc(sV + s * V_BYTES + kk * 16 * 128, BLOCK_N * 128));
-        wgmma_commit();
-    };
-    // Softcap into the log2 domain (otherwise the softmax scales), mask edge
-    // tiles, online softmax; returns the rescale factors of O in `alpha`.
-    auto softmax_tile = [&](int n0, float (&alpha)[2]) {
-        if constexpr (SOFTCAP) {
-#pragma unroll
-            for (int j = 0; j < BLOCK_N / 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    acc_s[0][j][e] = p.softcap_post * fast_tanh(acc_s[0][j][e] * p.softcap_pre);
-        }
-        const bool edge = (n0 + BLOCK_N > sk) || (MASK_KIND != 0 &&
-            (win.key_lo(last_row) > n0 || win.key_hi(m0) < n0 + BLOCK_N - 1));
-        if (edge) apply_mask<1, BLOCK_N>(acc_s, win, row0, n0 + 2 * t);
-        online_softmax<1, BLOCK_N / 8>(acc_s, row_max, row_sum, SOFTCAP ? 1.f : p.scale_log2, [&](int, int r, float a) { alpha[r] = a; });
-    };
-    auto rescale_o = [&](const float (&alpha)[2]) {
-#pragma unroll
-        for (int j = 0; j < DV / 8; ++j) {
-            acc_o[j][0] *= alpha[0];
-            acc_o[j][1] *= alpha[0];
-            acc_o[j][2] *= alpha[1];
-            acc_o[j][3] *= alpha[1];
-        }
-    };
-    // P as bf16/f16 A fragments: the S accumulator of two n-tiles is the A
-    // fragment of one k-step. Packed whole before the wgmma fence, so that
-    // the P V wgmmas issue back to back.
-    auto pack_p = [&]() {
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-            pa[kk][0] = pack2(acc_s[0][2 * kk][0], acc_s[0][2 * kk][1]);
-            pa[kk][1] = pack2(acc_s[0][2 * kk][2], acc_s[0][2 * kk][3]);
-            pa[kk][2] = pack2(acc_s[0][2 * kk + 1][0], acc_s[0][2 * kk + 1][1]);
-            pa[kk][3] = pack2(acc_s[0][2 * kk + 1][2], acc_s[0][2 * kk + 1][3]);
-        }
-    };
-    // This warp is done with K (V) of stage s.
-    auto release_k = [&](int s) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(k_empty(s));
-    };
-    auto release_v = [&](int s) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(v_empty(s));
-    };
-
-    if (n_tiles > 0) mbar_wait(bar_q, 0);
-
 
     // Ping-pong: a warpgroup issues its GEMMs only in its turn (named barrier
     // 1 + cw) and then passes the turn to the other one (barrier 2 - cw), so
     // the tensor cores run one warpgroup's S and P V while the other does
-    // its softmax. Warpgroup 0 starts; every warpgroup takes n_tiles + 1
-    // turns, and warpgroup 1 does not pass its last turn (nobody takes it).
+    // its softmax. Per work tile warpgroup 0 starts; every warpgroup takes
+    // n_tiles + 1 turns, and warpgroup 1 does not pass its last turn (nobody
+    // takes it), so the barriers are balanced at every tile boundary.
     static_assert(CONSUMERS == 2, "ping-pong pairs two consumer warpgroups");
     auto take_turn = [&]() { named_bar_sync(1 + cw, 256); };
     auto pass_turn = [&](bool last) {
         if (!(last && cw == 1)) named_bar_arrive(2 - cw, 256);
     };
-    if (n_tiles > 0 && cw == 1) named_bar_arrive(1, 256);
-
-    // Software-pipelined by one tile: while the tensor cores run S(it) and
-    // P(it-1) V(it-1), the warpgroup waits only for S(it) and does its
-    // softmax as the P V product finishes.
-    if (n_tiles > 0) {
-        mbar_wait(k_full(0), 0);
-        take_turn();
-        wgmma_fence();
-        issue_qk(0);
-        pass_turn(false);
-        wgmma_wait<0>();
-        release_k(0);
-        float alpha[2];
-        softmax_tile(n_begin, alpha);                    // O is still zero: alpha unused
-        pack_p();
-    }
-    for (int it = 1; it < n_tiles; ++it) {
-        const int s = it % STAGES, prev = (it - 1) % STAGES;
-        mbar_wait(k_full(s), (it / STAGES) & 1);
-        mbar_wait(v_full(prev), ((it - 1) / STAGES) & 1);
-        take_turn();
-        wgmma_fence();
-        issue_qk(s);
-        issue_pv(prev);
-        pass_turn(false);
-        wgmma_wait<1>();                                 // S(it) ready; P V may still run
-        release_k(s);
-        float alpha[2];
-        softmax_tile(n_begin + it * BLOCK_N, alpha);
-        wgmma_wait<0>();                                 // P(it-1) V(it-1) done
-        release_v(prev);
-        rescale_o(alpha);
-        pack_p();
-    }
-    if (n_tiles > 0) {
-        const int last = (n_tiles - 1) % STAGES;
-        mbar_wait(v_full(last), ((n_tiles - 1) / STAGES) & 1);
-        take_turn();
-        wgmma_fence();
-        issue_pv(last);
-        pass_turn(true);
-        wgmma_wait<0>();
-        release_v(last);
-    }
 
 
-    // Epilogue: normalize, write O (elements) and LSE (f32, natural log).
-    elem_t* gO = p.o + b * p.o_sb + (long long)q_off * p.o_ss + h * p.o_sh;
-    float* gL = p.lse + b * p.lse_sb + h * p.lse_sh + q_off;
+    float acc_o[DV / 8][4];
+    float acc_s[1][BLOCK_N / 8][4];
+    unsigned pa[BLOCK_N / 16][4];                        // P, the A operand of P V
+    unsigned ring_par = 0;
+    int q_loads = 0;
+    TILE_LOOP_BEGIN
+        const Tile w = tile_at(p, tile);
+        if (w.n_tiles < 0) continue;
+        const int n_tiles = w.n_tiles;
+        const RowWindow win(w.sq, w.sk, p.window_left, p.window_right);
+        const int last_row = min(w.m0 + BLOCK_M, w.sq) - 1;
+        const int row0 = w.m0 + cw * 64 + warp * 16 + g; // this thread's first row (and row0 + 8)
+
+        float row_max[1][2] = {{NEG_INF, NEG_INF}}, row_sum[1][2] = {{0.f, 0.f}};
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int i = row0 + 8 * r;
-        const float l = quad_sum(row_sum[0][r]);
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        if (i < sq) {
+        for (int j = 0; j < DV / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[j][e] = 0.f;
+
+        // Ring slot and phase of this tile's key tile `it`.
+        auto slot = [&](int it) { return it % STAGES; };
+        auto phase = [&](int it) { return ((ring_par >> (it % STAGES)) ^ (unsigned)(it / STAGES)) & 1u; };
+        // S = Q K(stage s)^T, committed as one wgmma group.
+        auto issue_qk = [&](int s) {
+            unsigned q_base = q_rows;
+
+#pragma unroll
+            for (int ks = 0; ks < QK_KSTEPS; ++ks) {
+                const unsigned in_chunk = (ks % 4) * 32;
+                wgmma_qk(acc_s[0],
+                         sw128_desc(q_base + (ks / 4) * BLOCK_M * 128 + in_chunk, 16),
+                         sw128_desc(sK + s * K_BYTES + (ks / 4) * BLOCK_N * 128 + in_chunk, 16),
+                         ks > 0);
+            }
+            wgmma_commit();
+        };
+        // O += P V(stage s), committed as one wgmma group.
+        auto issue_pv = [&](int s) {
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+                wgmma_pv(acc_o, pa[kk], sw128_desc(sV + s * V_BYTES + kk * 16 * 128, BLOCK_N * 128));
+            wgmma_commit();
+        };
+        // Softcap into the log2 domain (otherwise the softmax scales), mask edge
+        // tiles, online softmax; returns the rescale factors of O in `alpha`.
+        auto softmax_tile = [&](int n0, float (&alpha)[2]) {
+            if constexpr (SOFTCAP) {
+#pragma unroll
+                for (int j = 0; j < BLOCK_N / 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        acc_s[0][j][e] = p.softcap_post * fast_tanh(acc_s[0][j][e] * p.softcap_pre);
+            }
+            const bool edge = (n0 + BLOCK_N > w.sk) || (MASK_KIND != 0 &&
+                (win.key_lo(last_row) > n0 || win.key_hi(w.m0) < n0 + BLOCK_N - 1));
+            if (edge) apply_mask<1, BLOCK_N>(acc_s, win, row0, n0 + 2 * t);
+            online_softmax<1, BLOCK_N / 8>(acc_s, row_max, row_sum, SOFTCAP ? 1.f : p.scale_log2, [&](int, int r, float a) { alpha[r] = a; });
+        };
+        auto rescale_o = [&](const float (&alpha)[2]) {
 #pragma unroll
             for (int j = 0; j < DV / 8; ++j) {
-                const int col = j * 8 + 2 * t;
-                if (col < D_V) {
-                    *reinterpret_cast<elem2_t*>(gO + i * p.o_ss + col) =
-                        pack2(acc_o[j][2 * r] * inv, acc_o[j][2 * r + 1] * inv);
-                }
+                acc_o[j][0] *= alpha[0];
+                acc_o[j][1] *= alpha[0];
+                acc_o[j][2] *= alpha[1];
+                acc_o[j][3] *= alpha[1];
             }
-            if (t == 0) gL[i] = l > 0.f ? (row_max[0][r] + fast_log2(l)) * 0.6931471805599453f : NEG_INF;
+        };
+        // P as bf16/f16 A fragments: the S accumulator of two n-tiles is the A
+        // fragment of one k-step. Packed whole before the wgmma fence, so that
+        // the P V wgmmas issue back to back.
+        auto pack_p = [&]() {
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+                pa[kk][0] = pack2(acc_s[0][2 * kk][0], acc_s[0][2 * kk][1]);
+                pa[kk][1] = pack2(acc_s[0][2 * kk][2], acc_s[0][2 * kk][3]);
+                pa[kk][2] = pack2(acc_s[0][2 * kk + 1][0], acc_s[0][2 * kk + 1][1]);
+                pa[kk][3] = pack2(acc_s[0][2 * kk + 1][2], acc_s[0][2 * kk + 1][3]);
+            }
+        };
+        // This warp is done with K (V) of key tile `it`, or with Q.
+        auto release_k = [&](int it) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(k_empty(slot(it)));
+        };
+        auto release_q = [&]() {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(q_empty);
+        };
+        auto release_v = [&](int it) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(v_empty(slot(it)));
+        };
+
+        if (n_tiles > 0) mbar_wait(bar_q, q_loads & 1);
+
+
+        if (n_tiles > 0 && cw == 1) named_bar_arrive(1, 256);
+
+        // Software-pipelined by one tile: while the tensor cores run S(it) and
+        // P(it-1) V(it-1), the warpgroup waits only for S(it) and does its
+        // softmax as the P V product finishes.
+        if (n_tiles > 0) {
+            mbar_wait(k_full(slot(0)), phase(0));
+            take_turn();
+            wgmma_fence();
+            issue_qk(slot(0));
+            pass_turn(false);
+            wgmma_wait<0>();
+            release_k(0);
+            float alpha[2];
+            softmax_tile(w.n_begin, alpha);              // O is still zero: alpha unused
+            pack_p();
         }
-    }
+        for (int it = 1; it < n_tiles; ++it) {
+            mbar_wait(k_full(slot(it)), phase(it));
+            mbar_wait(v_full(slot(it - 1)), phase(it - 1));
+            take_turn();
+            wgmma_fence();
+            issue_qk(slot(it));
+            issue_pv(slot(it - 1));
+            pass_turn(false);
+            wgmma_wait<1>();                             // S(it) ready; P V may still run
+            release_k(it);
+            float alpha[2];
+            softmax_tile(w.n_begin + it * BLOCK_N, alpha);
+            wgmma_wait<0>();                             // P(it-1) V(it-1) done
+            release_v(it - 1);
+            rescale_o(alpha);
+            pack_p();
+        }
+        if (n_tiles > 0) {
+            release_q();                                 // every S of this tile is done
+            mbar_wait(v_full(slot(n_tiles - 1)), phase(n_tiles - 1));
+            take_turn();
+            wgmma_fence();
+            issue_pv(slot(n_tiles - 1));
+            pass_turn(true);
+            wgmma_wait<0>();
+            release_v(n_tiles - 1);
+        }
+
+        if (n_tiles > 0) ++q_loads;
+        ring_par ^= ring_flips(max(n_tiles, 0));
+
+        // Epilogue: normalize, write O (elements) and LSE (f32, natural log).
+        elem_t* gO = p.o + w.b * p.o_sb + (long long)w.q_off * p.o_ss + w.h * p.o_sh;
+        float* gL = p.lse + w.b * p.lse_sb + w.h * p.lse_sh + w.q_off;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int i = row0 + 8 * r;
+            const float l = quad_sum(row_sum[0][r]);
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            if (i < w.sq) {
+#pragma unroll
+                for (int j = 0; j < DV / 8; ++j) {
+                    const int col = j * 8 + 2 * t;
+                    if (col < D_V) {
+                        *reinterpret_cast<elem2_t*>(gO + i * p.o_ss + col) =
+                            pack2(acc_o[j][2 * r] * inv, acc_o[j][2 * r + 1] * inv);
+                    }
+                }
+                if (t == 0) gL[i] = l > 0.f ? (row_max[0][r] + fast_log2(l)) * 0.6931471805599453f : NEG_INF;
+            }
+        }
+    TILE_LOOP_END
 }

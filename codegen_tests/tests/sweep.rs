@@ -182,14 +182,21 @@ fn sm90a_forward_schedule_variants_compile_without_spills() {
     ] {
         let spec = AttnSpec::fwd(DType::Bf16, d, mask, layout, Arch::Sm90a);
         let base = default_sm90a_tiles(&spec);
-        for (pipelined, pingpong) in [(false, false), (true, false)] {
+        for (pipelined, pingpong, persistent) in [
+            (false, false, false),
+            (true, false, false),
+            (false, false, true),
+            (true, true, true),
+        ] {
             let tiles = Sm90aFwdTiles {
                 pipelined,
                 pingpong,
+                persistent,
                 ..base
             };
             let plan = plan_fwd_sm90a_with(&spec, tiles);
             assert_eq!((plan.consumer_pipelined, plan.pingpong), (pipelined, pingpong));
+            assert_eq!(plan.grid == attnforge::plan::GridRule::PersistentTiles, persistent);
             let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} {tiles:?}: {e}"));
             assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
             assert!(k.meta.registers > 0, "{spec} {tiles:?}: no ptxas resources");
