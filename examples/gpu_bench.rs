@@ -176,7 +176,20 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
 /// and not.
 fn tune90(rng: &mut rand::rngs::StdRng) {
     use attnforge::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
-    let alternatives: &[(usize, &[Sm90aFwdTiles])] = &[];
+    // Three consumer warpgroups (block_m 192, 160 registers each): the
+    // softmax-bound small head dims.
+    let three = |block_n, stages| Sm90aFwdTiles {
+        block_n,
+        stages,
+        pipelined: true,
+        pingpong: true,
+        persistent: false,
+        consumers: 3,
+    };
+    let alternatives: &[(usize, Vec<Sm90aFwdTiles>)] = &[
+        (64, vec![three(128, 3), three(112, 3), three(96, 4)]),
+        (128, vec![three(64, 2), three(80, 2)]),
+    ];
     let mut built = Vec::new();
     for d in [64usize, 128, 256] {
         for causal in [false, true] {
@@ -240,8 +253,12 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
             );
             let tf = 4.0 * (b * h * s * s * d) as f64 * if *causal { 0.5 } else { 1.0 } / ms / 1e9;
             println!(
-                "tune90 d={d:<3} s={s:<5} causal={causal:<5} bn={:<3} stages={} pingpong={:<5} persistent={:<5} {tf:6.1} TFLOP/s",
-                k.plan.block_n, k.plan.stages, k.plan.pingpong, tiles.persistent
+                "tune90 d={d:<3} s={s:<5} causal={causal:<5} consumers={} bn={:<3} stages={} pingpong={:<5} persistent={:<5} {tf:6.1} TFLOP/s",
+                k.plan.block_m / 64,
+                k.plan.block_n,
+                k.plan.stages,
+                k.plan.pingpong,
+                tiles.persistent
             );
         }
     }

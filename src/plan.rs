@@ -259,12 +259,24 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
     }
 }
 
-/// Consumer warpgroups of the sm90a forward (64 query rows each).
+/// Consumer warpgroups of the sm90a forward by default (64 query rows each).
 pub const SM90A_CONSUMERS: u32 = 2;
 /// Registers per thread after `setmaxnreg`: the producer warpgroup gives
-/// registers back, the consumers take them (128·24 + 256·240 ≤ 65536).
+/// registers back to 24, the consumers take what is left of the SM's 64K.
 pub const SM90A_PRODUCER_REGS: u32 = 24;
-pub const SM90A_CONSUMER_REGS: u32 = 240;
+
+/// Registers per consumer thread with `consumers` consumer warpgroups: the
+/// rest of the 65536 after the producer's 128 x 24, a multiple of 8
+/// (`setmaxnreg`), at most 240 (2 consumers: 240; 3: 160).
+pub const fn sm90a_consumer_regs(consumers: u32) -> u32 {
+    let per = (65536 - 128 * SM90A_PRODUCER_REGS) / (128 * consumers);
+    let per = per - per % 8;
+    if per > 240 {
+        240
+    } else {
+        per
+    }
+}
 
 /// Shared memory of the sm90a forward: Q once, K and V `stages` deep, each as
 /// 64-column (128-byte) swizzled chunks; 1 KB to align the base to the
@@ -287,6 +299,9 @@ pub struct Sm90aFwdTiles {
     /// One block per SM walking the work tiles ([`GridRule::PersistentTiles`])
     /// instead of one block per tile.
     pub persistent: bool,
+    /// Consumer warpgroups (2 or 3), 64 query rows each: block_m = 64 x
+    /// consumers. Three take turns round-robin and get 160 registers each.
+    pub consumers: u32,
 }
 
 /// The planner's choice of [`Sm90aFwdTiles`] for a spec (before the
@@ -312,6 +327,7 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
         pipelined: true,
         pingpong: true,
         persistent: false,
+        consumers: SM90A_CONSUMERS,
     }
 }
 
@@ -338,14 +354,17 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
             spec.head_dim_qk, spec.head_dim_v
         ));
     }
-    let block_m = 64 * SM90A_CONSUMERS;
     let Sm90aFwdTiles {
         mut block_n,
         mut stages,
         pipelined: consumer_pipelined,
         pingpong,
         persistent,
+        consumers,
     } = tiles;
+    let consumers = consumers.clamp(2, 3);
+    let block_m = 64 * consumers;
+    let consumer_regs = sm90a_consumer_regs(consumers);
     let pingpong = pingpong && consumer_pipelined;
     let limit = spec.arch.max_smem_per_block();
     while fwd_sm90a_smem(block_m, block_n, stages, qk_chunks, v_chunks) > limit {
@@ -357,8 +376,8 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
     }
     let smem_bytes = fwd_sm90a_smem(block_m, block_n, stages, qk_chunks, v_chunks);
     reasons.push(format!(
-        "sm90a: wgmma + TMA, 1 producer warpgroup ({SM90A_PRODUCER_REGS} regs) + {SM90A_CONSUMERS} consumer warpgroups \
-         ({SM90A_CONSUMER_REGS} regs) of 64 query rows -> block_m={block_m}"
+        "sm90a: wgmma + TMA, 1 producer warpgroup ({SM90A_PRODUCER_REGS} regs) + {consumers} consumer warpgroups \
+         ({consumer_regs} regs) of 64 query rows -> block_m={block_m}"
     ));
     reasons.push(format!(
         "d={dmax}: block_n={block_n} (S {} + O {} f32 regs/thread), {stages}-stage K/V ring: {smem_bytes} B shared memory (limit {limit} B)",
@@ -387,7 +406,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         entry: entry_name(spec),
         block_m,
         block_n,
-        num_warps: 4 * (SM90A_CONSUMERS + 1),
+        num_warps: 4 * (consumers + 1),
         m_tiles_per_warp: 1,
         stages,
         head_dim_qk_padded: dqk,
@@ -545,6 +564,26 @@ mod tests {
         let p = plan_fwd_sm90a_with(&spec, big);
         assert!(p.smem_bytes <= Arch::Sm90a.max_smem_per_block(), "{}", p.smem_bytes);
         assert!(p.block_n.is_multiple_of(16));
+    }
+
+    #[test]
+    fn sm90a_three_consumer_warpgroups_share_the_register_file() {
+        assert_eq!((sm90a_consumer_regs(2), sm90a_consumer_regs(3)), (240, 160));
+        for c in [2, 3] {
+            assert!(128 * SM90A_PRODUCER_REGS + 128 * c * sm90a_consumer_regs(c) <= 65536);
+        }
+        let spec = AttnSpec::fwd(DType::Bf16, 64, Mask::CausalTopLeft, Layout::Dense, Arch::Sm90a);
+        let t = Sm90aFwdTiles {
+            consumers: 3,
+            block_n: 128,
+            ..default_sm90a_tiles(&spec)
+        };
+        let p = plan_fwd_sm90a_with(&spec, t);
+        assert_eq!((p.block_m, p.threads()), (192, 512));
+        assert!(p.reasons.iter().any(|r| r.contains("3 consumer warpgroups (160 regs)")));
+        // Out-of-range requests are clamped to what the template takes.
+        let p = plan_fwd_sm90a_with(&spec, Sm90aFwdTiles { consumers: 7, ..t });
+        assert_eq!(p.block_m, 192);
     }
 
     #[test]

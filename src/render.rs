@@ -249,7 +249,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
             is_thd: spec.layout == Layout::Thd,
             softcap: spec.softcap,
             producer_regs: crate::plan::SM90A_PRODUCER_REGS,
-            consumer_regs: crate::plan::SM90A_CONSUMER_REGS,
+            consumer_regs: crate::plan::sm90a_consumer_regs(plan.block_m / 64),
             pipelined: plan.consumer_pipelined,
             pingpong: plan.pingpong,
             persistent: plan.grid == crate::plan::GridRule::PersistentTiles,

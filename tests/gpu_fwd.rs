@@ -436,6 +436,18 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
                 .unwrap_or_else(|e| panic!("{spec} (persistent): {e}"))
         };
         v.push(("fwd_sm90a.cu persistent on 3 blocks", persistent, Some(3)));
+        // Three consumer warpgroups (a plan option) where they fit.
+        let dmax = spec.head_dim_qk.max(spec.head_dim_v);
+        if dmax <= 128 {
+            let tiles = Sm90aFwdTiles {
+                consumers: 3,
+                block_n: if dmax <= 64 { 128 } else { 80 },
+                ..default_sm90a_tiles(spec)
+            };
+            let three = attnforge::jit::build_plan(plan_fwd_sm90a_with(spec, tiles))
+                .unwrap_or_else(|e| panic!("{spec} (3 consumers): {e}"));
+            v.push(("fwd_sm90a.cu 3 consumer warpgroups", three, None));
+        }
     }
     if planned.plan.template != Template::FwdSm80 {
         let sm80 = attnforge::jit::build_plan(plan_fwd_sm80_with(spec, default_fwd_tiles(spec)))

@@ -528,15 +528,16 @@ attnforge_fwd_bf16_d128_causal_br_thd_sm90a(const __grid_constant__ FwdParams p,
     const unsigned q_rows = sQ + cw * 64 * 128;          // this warpgroup's 64 rows in each chunk
 
     // Ping-pong: a warpgroup issues its GEMMs only in its turn (named barrier
-    // 1 + cw) and then passes the turn to the other one (barrier 2 - cw), so
-    // the tensor cores run one warpgroup's S and P V while the other does
-    // its softmax. Per work tile warpgroup 0 starts; every warpgroup takes
-    // n_tiles + 1 turns, and warpgroup 1 does not pass its last turn (nobody
-    // takes it), so the barriers are balanced at every tile boundary.
-    static_assert(CONSUMERS == 2, "ping-pong pairs two consumer warpgroups");
+    // 1 + cw, 128 arriving + 128 waiting) and then passes the turn to the
+    // next one (barrier 1 + (cw + 1) % CONSUMERS), so the tensor cores run
+    // one warpgroup's S and P V while the others do their softmax. Per work
+    // tile warpgroup 0 starts (the last one arrives on its barrier first);
+    // every warpgroup takes n_tiles + 1 turns, and the last one does not pass
+    // its last turn (nobody takes it), so the barriers are balanced at every
+    // tile boundary.
     auto take_turn = [&]() { named_bar_sync(1 + cw, 256); };
     auto pass_turn = [&](bool last) {
-        if (!(last && cw == 1)) named_bar_arrive(2 - cw, 256);
+        if (!(last && cw == CONSUMERS - 1)) named_bar_arrive(1 + (cw + 1) % CONSUMERS, 256);
     };
 
 
@@ -636,7 +637,7 @@ attnforge_fwd_bf16_d128_causal_br_thd_sm90a(const __grid_constant__ FwdParams p,
         if (n_tiles > 0) mbar_wait(bar_q, q_loads & 1);
 
 
-        if (n_tiles > 0 && cw == 1) named_bar_arrive(1, 256);
+        if (n_tiles > 0 && cw == CONSUMERS - 1) named_bar_arrive(1, 256);
 
         // Software-pipelined by one tile: while the tensor cores run S(it) and
         // P(it-1) V(it-1), the warpgroup waits only for S(it) and does its

@@ -201,5 +201,17 @@ fn sm90a_forward_schedule_variants_compile_without_spills() {
             assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
             assert!(k.meta.registers > 0, "{spec} {tiles:?}: no ptxas resources");
         }
+        // Three consumer warpgroups (160 registers each) where S, P and O fit.
+        if d <= 128 {
+            let tiles = Sm90aFwdTiles {
+                consumers: 3,
+                block_n: if d <= 64 { 128 } else { 80 },
+                ..base
+            };
+            let plan = plan_fwd_sm90a_with(&spec, tiles);
+            assert_eq!((plan.block_m, plan.num_warps), (192, 16));
+            let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} {tiles:?}: {e}"));
+            assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
+        }
     }
 }
