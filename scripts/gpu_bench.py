@@ -71,6 +71,56 @@ def peers():
     return rows
 
 
+def cudnn_frontend_ragged(q, k, v, lens, causal):
+    """cuDNN's own ragged (THD) forward through the cudnn-frontend Python
+    graph API, when the `cudnn` package is importable (scripts/gpu-bench.sh
+    installs a carried nvidia-cudnn-frontend wheel from .whl/): Q/K/V/O
+    declared as [B, H, S_max, D] with BSHD strides over the packed tokens and
+    ragged offsets (elements), a padding mask from per-sequence lengths. The
+    graph is built here, outside the timing; returns (the execute call, its
+    O), or None (with the reason printed) when the package or the graph is
+    missing."""
+    try:
+        import cudnn
+    except Exception as e:  # the package is optional on the GPU machine
+        print(f"cudnn-frontend route: not available ({str(e).splitlines()[0][:100]})")
+        return None
+    try:
+        b, (total, h, d), smax = len(lens), q.shape, max(lens)
+        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device=dev, dtype=torch.int64)
+        ro = (cu * h * d).view(b + 1, 1, 1, 1).contiguous()
+        seq = torch.tensor(lens, device=dev, dtype=torch.int32).view(b, 1, 1, 1).contiguous()
+        o = torch.empty_like(q)
+        dims, strides = [b, h, smax, d], [smax * h * d, d, h * d, 1]
+        handle = cudnn.create_handle()
+        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+        g = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16, intermediate_data_type=cudnn.data_type.FLOAT,
+                          compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+        t = {n: g.tensor(name=n, dim=dims, stride=strides, data_type=cudnn.data_type.BFLOAT16) for n in "qkv"}
+        r = {n: g.tensor(name=n + "_ro", dim=[b + 1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT64)
+             for n in "qkvo"}
+        for n in "qkv":
+            t[n].set_ragged_offset(r[n])
+        sq, sk = (g.tensor(name=n, dim=[b, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT32)
+                  for n in ("seq_q", "seq_kv"))
+        out, _ = g.sdpa(name="sdpa", q=t["q"], k=t["k"], v=t["v"], generate_stats=False,
+                        attn_scale=1.0 / d ** 0.5, use_padding_mask=True, seq_len_q=sq, seq_len_kv=sk,
+                        use_causal_mask=causal)
+        out.set_output(True).set_dim(dims).set_stride(strides).set_ragged_offset(r["o"])
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+        ws = torch.empty(max(1, g.get_workspace_size()), device=dev, dtype=torch.uint8)
+        pack = {t["q"]: q, t["k"]: k, t["v"]: v, out: o, sq: seq, sk: seq,
+                r["q"]: ro, r["k"]: ro, r["v"]: ro, r["o"]: ro}
+        return (lambda: g.execute(pack, ws, handle=handle)), o
+    except Exception as e:
+        print(f"cudnn-frontend route: graph failed ({str(e).splitlines()[0][:160]})")
+        return None
+
+
 def ragged_peer(ours):
     """The peers on the same lengths as our ragged rows: FlashAttention-2 varlen
     through aten, and cuDNN's ragged (THD) path through aten with cumulative
@@ -96,8 +146,22 @@ def ragged_peer(ours):
                 return F.scaled_dot_product_attention(nq, nk, nv, is_causal=causal)
 
         fa2 = lambda: torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, mx, mx, 0.0, causal, False)
-        for impl, fns in (("torch-flash", [("aten varlen", fa2)]),
-                          ("torch-cudnn", [("aten cum_seq", cudnn_aten), ("jagged nested tensor", cudnn_njt)])):
+        cudnn_routes = [("aten cum_seq", cudnn_aten), ("jagged nested tensor", cudnn_njt)]
+        fe = cudnn_frontend_ragged(q, k, v, lens, causal)
+        if fe is not None:
+            # A peer figure counts only if the route computes attention: its O
+            # against FlashAttention-2 varlen's on the same inputs.
+            try:
+                run, o_fe = fe
+                run()
+                torch.cuda.synchronize()
+                err = (o_fe.float() - fa2()[0].float()).abs().max().item()
+                print(f"cudnn-frontend route d={d} causal={causal}: max |O - O_fa2| = {err:.3e}")
+                if err <= 2e-2:
+                    cudnn_routes.append(("cudnn-frontend ragged graph", run))
+            except Exception as e:
+                print(f"cudnn-frontend route: execute failed ({str(e).splitlines()[0][:160]})")
+        for impl, fns in (("torch-flash", [("aten varlen", fa2)]), ("torch-cudnn", cudnn_routes)):
             # Every route is timed; the peer's figure is its best route (the
             # aten cum_seq call has run ~100x slower than the dense cuDNN
             # kernel here, so one route alone can understate the peer).
