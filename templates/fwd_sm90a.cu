@@ -249,7 +249,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // tile boundary.
     auto take_turn = [&]() { named_bar_sync(1 + cw, 256); };
     auto pass_turn = [&](bool last) {
-        if (!(last && cw == CONSUMERS - 1)) named_bar_arrive(1 + (cw + 1) % CONSUMERS, 256);
+        // (1 + (cw + 1) % CONSUMERS, written 2 - cw for two: the same ids, one instruction)
+        const int next = CONSUMERS == 2 ? 2 - cw : 1 + (cw + 1) % CONSUMERS;
+        if (!(last && cw == CONSUMERS - 1)) named_bar_arrive(next, 256);
     };
 {% else %}
     auto take_turn = [&]() {};

@@ -547,7 +547,9 @@ attnforge_fwd_bf16_d256_none_dense_sm90a(const __grid_constant__ FwdParams p, co
     // tile boundary.
     auto take_turn = [&]() { named_bar_sync(1 + cw, 256); };
     auto pass_turn = [&](bool last) {
-        if (!(last && cw == CONSUMERS - 1)) named_bar_arrive(1 + (cw + 1) % CONSUMERS, 256);
+        // (1 + (cw + 1) % CONSUMERS, written 2 - cw for two: the same ids, one instruction)
+        const int next = CONSUMERS == 2 ? 2 - cw : 1 + (cw + 1) % CONSUMERS;
+        if (!(last && cw == CONSUMERS - 1)) named_bar_arrive(next, 256);
     };
 
 
