@@ -451,8 +451,8 @@ pub fn ensure_context(ordinal: i32) -> Result<usize, LaunchError> {
     }
 }
 
-/// Compute capability of the current context's device.
-pub fn current_compute_capability() -> Result<(i32, i32), LaunchError> {
+/// One attribute of the current context's device.
+fn current_device_attribute(attr: sys::CUdevice_attribute) -> Result<i32, LaunchError> {
     init_driver()?;
     let mut dev = 0;
     // SAFETY: plain out-parameter queries on the current context.
@@ -460,33 +460,23 @@ pub fn current_compute_capability() -> Result<(i32, i32), LaunchError> {
         sys::cuCtxGetDevice(&mut dev)
             .result()
             .map_err(driver_err("cuCtxGetDevice"))?;
-        let major = result::device::get_attribute(
-            dev,
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-        )
-        .map_err(driver_err("cuDeviceGetAttribute"))?;
-        let minor = result::device::get_attribute(
-            dev,
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-        )
-        .map_err(driver_err("cuDeviceGetAttribute"))?;
-        Ok((major, minor))
+        result::device::get_attribute(dev, attr).map_err(driver_err("cuDeviceGetAttribute"))
     }
+}
+
+/// Compute capability of the current context's device.
+pub fn current_compute_capability() -> Result<(i32, i32), LaunchError> {
+    use sys::CUdevice_attribute::*;
+    Ok((
+        current_device_attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+        current_device_attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+    ))
 }
 
 /// Streaming multiprocessors of the current context's device.
 pub fn device_sm_count() -> Result<u32, LaunchError> {
-    init_driver()?;
-    let mut dev = 0;
-    // SAFETY: plain out-parameter queries on the current context.
-    unsafe {
-        sys::cuCtxGetDevice(&mut dev)
-            .result()
-            .map_err(driver_err("cuCtxGetDevice"))?;
-        let n = result::device::get_attribute(dev, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(driver_err("cuDeviceGetAttribute"))?;
-        Ok(n.max(1) as u32)
-    }
+    let n = current_device_attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+    Ok(n.max(1) as u32)
 }
 
 /// A kernel loaded into one CUDA context.
