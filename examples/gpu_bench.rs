@@ -185,6 +185,7 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
         pingpong: true,
         persistent: false,
         consumers: 3,
+        head_major: false,
     };
     let alternatives: &[(usize, Vec<Sm90aFwdTiles>)] = &[
         (64, vec![three(128, 3), three(112, 3), three(96, 4)]),
@@ -203,6 +204,10 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                 },
                 Sm90aFwdTiles {
                     persistent: true,
+                    ..base
+                },
+                Sm90aFwdTiles {
+                    head_major: true,
                     ..base
                 },
             ];
@@ -253,12 +258,13 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
             );
             let tf = 4.0 * (b * h * s * s * d) as f64 * if *causal { 0.5 } else { 1.0 } / ms / 1e9;
             println!(
-                "tune90 d={d:<3} s={s:<5} causal={causal:<5} consumers={} bn={:<3} stages={} pingpong={:<5} persistent={:<5} {tf:6.1} TFLOP/s",
+                "tune90 d={d:<3} s={s:<5} causal={causal:<5} consumers={} bn={:<3} stages={} pingpong={:<5} persistent={:<5} head_major={:<5} {tf:6.1} TFLOP/s",
                 k.plan.block_m / 64,
                 k.plan.block_n,
                 k.plan.stages,
                 k.plan.pingpong,
-                tiles.persistent
+                tiles.persistent,
+                tiles.head_major
             );
         }
     }

@@ -100,6 +100,12 @@ pub struct KernelPlan {
     /// (ping-pong). Absent elsewhere.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pingpong: bool,
+    /// sm90a forward only: the work tiles walk one (batch, head) at a time,
+    /// its query blocks consecutive (the blocks in flight share K and V in
+    /// L2), instead of all heads of one query block at a time. Absent
+    /// elsewhere.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub head_major: bool,
     /// Backward plans only: the tiles of the backward kernels (the fields
     /// above describe its main kernel). Absent from forward plans' JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -255,6 +261,7 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
         reasons,
         consumer_pipelined: false,
         pingpong: false,
+        head_major: false,
         bwd: None,
     }
 }
@@ -302,6 +309,8 @@ pub struct Sm90aFwdTiles {
     /// Consumer warpgroups (2 or 3), 64 query rows each: block_m = 64 x
     /// consumers. Three take turns round-robin and get 160 registers each.
     pub consumers: u32,
+    /// Head-major tile order (see [`KernelPlan::head_major`]).
+    pub head_major: bool,
 }
 
 /// The planner's choice of [`Sm90aFwdTiles`] for a spec (before the
@@ -328,6 +337,7 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
         pingpong: true,
         persistent: false,
         consumers: SM90A_CONSUMERS,
+        head_major: false,
     }
 }
 
@@ -361,6 +371,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         pingpong,
         persistent,
         consumers,
+        head_major,
     } = tiles;
     let consumers = consumers.clamp(2, 3);
     let block_m = 64 * consumers;
@@ -400,6 +411,9 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
     } else {
         "one block per work tile, longest causal tiles first".into()
     });
+    if head_major {
+        reasons.push("head-major tile order: one (batch, head) at a time, its K and V shared in L2".into());
+    }
     KernelPlan {
         spec: *spec,
         template: Template::FwdSm90a,
@@ -425,6 +439,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         reasons,
         consumer_pipelined,
         pingpong,
+        head_major,
         bwd: None,
     }
 }

@@ -411,6 +411,7 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>) -> Option<Ke
         reasons,
         consumer_pipelined: false,
         pingpong: false,
+        head_major: false,
         bwd: Some(bwd),
     })
 }

@@ -124,6 +124,7 @@ struct FwdSm90aContext {
     pipelined: bool,
     pingpong: bool,
     persistent: bool,
+    head_major: bool,
 }
 
 /// The values the backward template sees (see `plan::plan_bwd` for the tiles).
@@ -253,6 +254,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
             pipelined: plan.consumer_pipelined,
             pingpong: plan.pingpong,
             persistent: plan.grid == crate::plan::GridRule::PersistentTiles,
+            head_major: plan.head_major,
         })
         .map_err(ctx_err)?,
         (Template::FwdSm80, _) => Context::from_serialize(FwdContext {
@@ -324,6 +326,32 @@ mod tests {
         let mut b = a;
         b.softcap = true;
         assert_ne!(render(&pa).unwrap().source, render(&plan(&b).unwrap()).unwrap().source);
+    }
+
+    #[test]
+    fn sm90a_schedule_options_reach_the_source() {
+        use crate::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
+        let spec = AttnSpec::fwd(DType::Bf16, 128, Mask::CausalTopLeft, Layout::Dense, Arch::Sm90a);
+        let base = default_sm90a_tiles(&spec);
+        let src = |t: Sm90aFwdTiles| render(&plan_fwd_sm90a_with(&spec, t)).unwrap().source;
+        let default = src(base);
+        assert!(default.contains("do {") && !default.contains("Head-major"));
+        let hm = src(Sm90aFwdTiles {
+            head_major: true,
+            ..base
+        });
+        assert!(hm.contains("Head-major") && hm.contains("t / p.num_m_blocks"));
+        let pers = src(Sm90aFwdTiles {
+            persistent: true,
+            ..base
+        });
+        assert!(pers.contains("tile += gridDim.x"));
+        let three = src(Sm90aFwdTiles {
+            consumers: 3,
+            block_n: 80,
+            ..base
+        });
+        assert!(three.contains("constexpr int CONSUMERS = 3;") && three.contains("regs_claim<160>"));
     }
 
     #[test]

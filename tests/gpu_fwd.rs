@@ -436,6 +436,14 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
                 .unwrap_or_else(|e| panic!("{spec} (persistent): {e}"))
         };
         v.push(("fwd_sm90a.cu persistent on 3 blocks", persistent, Some(3)));
+        // Head-major tile order (a plan option).
+        let tiles = Sm90aFwdTiles {
+            head_major: true,
+            ..default_sm90a_tiles(spec)
+        };
+        let head_major = attnforge::jit::build_plan(plan_fwd_sm90a_with(spec, tiles))
+            .unwrap_or_else(|e| panic!("{spec} (head-major): {e}"));
+        v.push(("fwd_sm90a.cu head-major order", head_major, None));
         // Three consumer warpgroups (a plan option) where they fit.
         let dmax = spec.head_dim_qk.max(spec.head_dim_v);
         if dmax <= 128 {

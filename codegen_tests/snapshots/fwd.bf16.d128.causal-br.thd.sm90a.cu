@@ -339,16 +339,18 @@ __device__ __forceinline__ unsigned ring_touched(int n) {
     return n >= STAGES ? (1u << STAGES) - 1u : (1u << n) - 1u;
 }
 
-// Tile t of the walk: all (batch, head) pairs of the last query block
-// first, so that under a causal mask the longest tiles start first.
+// Tile t of the walk: by default all (batch, head) pairs of the last query
+// block first, so that under a causal mask the longest tiles start first.
 __device__ __forceinline__ Tile tile_at(const FwdParams& p, int t) {
     Tile w;
+
     const int bh_count = p.batch * p.heads_q;
     const int bh = t % bh_count;
     w.b = bh / p.heads_q;
     w.h = bh % p.heads_q;
     w.hk = w.h / p.gqa_ratio;
     w.m0 = (p.num_m_blocks - 1 - t / bh_count) * BLOCK_M;
+
     w.sq = p.seqlen_q;
     w.sk = p.seqlen_k;
     w.q_off = 0;

@@ -201,6 +201,15 @@ fn sm90a_forward_schedule_variants_compile_without_spills() {
             assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
             assert!(k.meta.registers > 0, "{spec} {tiles:?}: no ptxas resources");
         }
+        // Head-major tile order.
+        let tiles = Sm90aFwdTiles {
+            head_major: true,
+            ..base
+        };
+        let plan = plan_fwd_sm90a_with(&spec, tiles);
+        assert!(plan.head_major);
+        let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} {tiles:?}: {e}"));
+        assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
         // Three consumer warpgroups (160 registers each) where S, P and O fit.
         if d <= 128 {
             let tiles = Sm90aFwdTiles {
