@@ -1,15 +1,15 @@
 // attnforge generated kernel: {{ spec }}
-// template fwd_sm90a.cu — Hopper forward. One producer warpgroup moves Q once
-// and K/V tiles through a {{ stages }}-stage ring with TMA (128-byte swizzle,
+// template fwd_sm90a.cu — Hopper forward. One producer warpgroup moves Q (once
+// per work tile) and K/V tiles through a {{ stages }}-stage ring with TMA (128-byte swizzle,
 // completion on mbarriers); {{ consumers }} consumer warpgroups own 64 query rows each and
 // run S = QK^T (wgmma, both operands in shared memory), the online softmax in
 // registers, and O += PV (wgmma, P from registers, V read transposed).
-// Work tiles in the order of tile_at (longest causal tiles first): {% if persistent %}persistent,
+// Work tiles in the order of tile_at ({% if head_major %}head-major{% else %}longest causal tiles first{% endif %}): {% if persistent %}persistent,
 // the launcher sizes the grid to the resident blocks and each block walks
 // tiles blockIdx.x, + gridDim.x, ..., the next tile's Q loading while this
 // tile's last P V and epilogue run{% else %}one tile per block{% endif %}.
 // Plan: block_m={{ block_m }} block_n={{ block_n }} stages={{ stages }} registers {{ producer_regs }}/{{ consumer_regs }}
-// consumer loop: {% if pipelined %}pipelined by one tile (S of the next tile issued before P V of this one){% if pingpong %}, the two consumer warpgroups taking turns at the tensor cores (ping-pong){% endif %}{% else %}one tile at a time (the two consumer warpgroups overlap each other){% endif %}.
+// consumer loop: {% if pipelined %}pipelined by one tile (S of the next tile issued before P V of this one){% if pingpong %}, the consumer warpgroups taking turns at the tensor cores (ping-pong){% endif %}{% else %}one tile at a time (the consumer warpgroups overlap each other){% endif %}.
 // Do not edit: rendered by attnforge from templates/fwd_sm90a.cu.
 
 constexpr int CONSUMERS = {{ consumers }};           // consumer warpgroups

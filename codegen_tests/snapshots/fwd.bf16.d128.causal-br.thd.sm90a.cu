@@ -1,12 +1,12 @@
 // attnforge generated kernel: fwd.bf16.d128.causal-br.thd.sm90a
-// template fwd_sm90a.cu — Hopper forward. One producer warpgroup moves Q once
-// and K/V tiles through a 2-stage ring with TMA (128-byte swizzle,
+// template fwd_sm90a.cu — Hopper forward. One producer warpgroup moves Q (once
+// per work tile) and K/V tiles through a 2-stage ring with TMA (128-byte swizzle,
 // completion on mbarriers); 2 consumer warpgroups own 64 query rows each and
 // run S = QK^T (wgmma, both operands in shared memory), the online softmax in
 // registers, and O += PV (wgmma, P from registers, V read transposed).
 // Work tiles in the order of tile_at (longest causal tiles first): one tile per block.
 // Plan: block_m=128 block_n=128 stages=2 registers 24/240
-// consumer loop: pipelined by one tile (S of the next tile issued before P V of this one), the two consumer warpgroups taking turns at the tensor cores (ping-pong).
+// consumer loop: pipelined by one tile (S of the next tile issued before P V of this one), the consumer warpgroups taking turns at the tensor cores (ping-pong).
 // Do not edit: rendered by attnforge from templates/fwd_sm90a.cu.
 
 constexpr int CONSUMERS = 2;           // consumer warpgroups
