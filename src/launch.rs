@@ -186,8 +186,9 @@ pub struct LaunchDims {
 
 const LOG2_E: f32 = std::f32::consts::LOG2_E;
 
-/// Most work tiles of a persistent launch: the kernel's tile index
-/// (`tile += gridDim.x`, at most 65536 blocks) stays within `int`.
+/// Most work tiles of an sm90a forward launch: the kernel indexes tiles in
+/// `int` (one tile per block: `x + y * gridDim.x`; persistent: `tile +=
+/// gridDim.x` with at most 65536 blocks), which stays within range.
 pub const MAX_PERSISTENT_TILES: u64 = i32::MAX as u64 - 65536;
 /// Most blocks of a persistent launch.
 pub const MAX_PERSISTENT_GRID: u32 = 65536;
@@ -231,6 +232,16 @@ pub fn check_fwd(plan: &KernelPlan, a: &FwdArgs) -> Result<Option<(FwdParams, La
     };
     let num_m_blocks = p.seqlen_q.div_ceil(plan.block_m);
     let bh = batch as u64 * p.heads_q as u64;
+    let tiles = bh * num_m_blocks as u64;
+    if plan.template == Template::FwdSm90a && tiles > MAX_PERSISTENT_TILES {
+        return Err(invalid(
+            "batch",
+            format!(
+                "batch * heads_q * ceil(seqlen_q / {}) = {tiles} work tiles exceeds {MAX_PERSISTENT_TILES}",
+                plan.block_m
+            ),
+        ));
+    }
     let grid = match plan.grid {
         GridRule::BatchHeadsByQueryTiles => {
             if num_m_blocks > 65535 {
@@ -248,20 +259,8 @@ pub fn check_fwd(plan: &KernelPlan, a: &FwdArgs) -> Result<Option<(FwdParams, La
             }
             (bh as u32, num_m_blocks, 1)
         }
-        GridRule::PersistentTiles => {
-            // The kernel walks `tile += gridDim.x` in int: keep room for one step.
-            let tiles = bh * num_m_blocks as u64;
-            if tiles > MAX_PERSISTENT_TILES {
-                return Err(invalid(
-                    "batch",
-                    format!(
-                        "batch * heads_q * ceil(seqlen_q / {}) = {tiles} work tiles exceeds {MAX_PERSISTENT_TILES}",
-                        plan.block_m
-                    ),
-                ));
-            }
-            (tiles as u32, 1, 1)
-        }
+        // Only the sm90a forward plans persistent grids (bounded above).
+        GridRule::PersistentTiles => (tiles as u32, 1, 1),
     };
     let (softcap_pre, softcap_post) = if spec.softcap {
         (scale / p.softcap, p.softcap * LOG2_E)
@@ -601,12 +600,17 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
             let _ = result::module::unload(module);
             return Err(driver_err("cuFuncSetAttribute")(e));
         }
-        let resident = match resident_blocks(func, &kernel.plan) {
-            Ok(n) => n,
-            Err(e) => {
-                let _ = result::module::unload(module);
-                return Err(e);
+        // Persistent kernels only: the blocks the device holds at once.
+        let resident = if kernel.plan.grid == GridRule::PersistentTiles {
+            match resident_blocks(func, &kernel.plan) {
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = result::module::unload(module);
+                    return Err(e);
+                }
             }
+        } else {
+            MAX_PERSISTENT_GRID
         };
         LoadedKernel {
             spec: kernel.spec,
@@ -892,10 +896,19 @@ mod tests {
         use crate::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
         let spec = AttnSpec::fwd(DType::Bf16, 128, Mask::CausalBottomRight, Layout::Dense, Arch::Sm90a);
         // The planner's default: one block per work tile, in (batch x heads, query blocks).
-        let (_, dims) = check_fwd(&plan(&spec).unwrap(), &dense_args(2, 8, 2, 1000, 700, 128))
-            .unwrap()
-            .unwrap();
+        let one = plan(&spec).unwrap();
+        let (_, dims) = check_fwd(&one, &dense_args(2, 8, 2, 1000, 700, 128)).unwrap().unwrap();
         assert_eq!(dims.grid, (16, 1000u32.div_ceil(128), 1));
+        // Its tile index (x + y * gridDim.x) is an int too: more tiles are refused
+        // (2^20 x 2^11 (batch x heads) x 1 query block = 2^31).
+        let mut many = dense_args(1, 1, 1, 64, 64, 128);
+        many.problem.batch = 1 << 20;
+        many.problem.heads_q = 1 << 11;
+        many.problem.heads_kv = 1 << 11;
+        assert!(matches!(
+            check_fwd(&one, &many),
+            Err(LaunchError::InvalidArgument { arg: "batch", .. })
+        ));
         let tiles = Sm90aFwdTiles {
             persistent: true,
             ..default_sm90a_tiles(&spec)
@@ -910,10 +923,6 @@ mod tests {
         let long = dense_args(1, 1, 1, 65536 * pl.block_m, 64, 128);
         assert!(check_fwd(&pl, &long).unwrap().is_some());
         // ... but the tile index must stay within int with a grid step to spare.
-        let mut many = dense_args(1, 1, 1, 64, 64, 128);
-        many.problem.batch = 1 << 20;
-        many.problem.heads_q = 1 << 11;
-        many.problem.heads_kv = 1 << 11;
         assert!(matches!(
             check_fwd(&pl, &many),
             Err(LaunchError::InvalidArgument { arg: "batch", .. })

@@ -48,7 +48,8 @@ impl Template {
 pub enum GridRule {
     /// `grid.x = batch * heads_q` (fits 2^31-1), `grid.y = ceil(max_seqlen_q / block_m)`
     /// (≤ 65535). Blocks walk `y` in reverse so that, under a causal mask,
-    /// the longest query tiles start first.
+    /// the longest query tiles start first (the sm90a forward maps the
+    /// linear block index to a work tile, in that order or head-major).
     BatchHeadsByQueryTiles,
     /// Persistent: the work tiles are `batch * heads_q * ceil(max_seqlen_q /
     /// block_m)` (kept below 2^31 - 65536), and the launcher gives
