@@ -176,20 +176,20 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
 /// and not.
 fn tune90(rng: &mut rand::rngs::StdRng) {
     use attnforge::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
-    // Three consumer warpgroups (block_m 192, 160 registers each): the
-    // softmax-bound small head dims.
-    let three = |block_n, stages| Sm90aFwdTiles {
+    // Alternatives to the planner's tiles per head dim: the other consumer
+    // count (3 warpgroups are the default at d <= 64, block_m 192).
+    let consumers = |consumers, block_n, stages| Sm90aFwdTiles {
         block_n,
         stages,
         pipelined: true,
         pingpong: true,
         persistent: false,
-        consumers: 3,
-        head_major: false,
+        consumers,
+        head_major: true,
     };
     let alternatives: &[(usize, Vec<Sm90aFwdTiles>)] = &[
-        (64, vec![three(128, 3), three(112, 3), three(96, 4)]),
-        (128, vec![three(64, 2), three(80, 2)]),
+        (64, vec![consumers(2, 192, 3), consumers(3, 112, 3)]),
+        (128, vec![consumers(3, 80, 2)]),
     ];
     let mut built = Vec::new();
     for d in [64usize, 128, 256] {
@@ -198,16 +198,13 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
             let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, Arch::Sm90a);
             let base = default_sm90a_tiles(&spec);
             let mut tiles = vec![
-                Sm90aFwdTiles {
-                    persistent: false,
-                    ..base
-                },
+                base,
                 Sm90aFwdTiles {
                     persistent: true,
                     ..base
                 },
                 Sm90aFwdTiles {
-                    head_major: true,
+                    head_major: !base.head_major,
                     ..base
                 },
             ];

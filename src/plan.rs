@@ -322,14 +322,23 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
     // ping-pong consumers with separate K and V slots beat one tile at a time
     // at every head dim (d64 +15%, d128 +8%, d192 +6..14%, d256 +10..17%
     // with block_n 80); the widest block_n whose S, P and O fit the registers.
-    let (block_n, stages) = if dmax <= 64 {
-        (192, 3)
+    //
+    // H200, 2026-12-03 (`gpu_bench --tune90`, docs/benchmarks/2026-12-03-s5-tune90.md):
+    // head-major tile order won or tied at every head dim and length (d128 2k
+    // 486 -> 595, d256 2k 552 -> 642, d128 8k 620 -> 666 TFLOP/s; the blocks in
+    // flight share one head's K and V in L2), and three consumer warpgroups at
+    // d <= 64 (block_n 128) +16..24% from 2k on (d64 8k 420 -> 521); not with
+    // softcap, whose tanh terms do not fit the 160 registers (16..84 B spills).
+    let (block_n, stages, consumers) = if dmax <= 64 && spec.softcap {
+        (192, 3, SM90A_CONSUMERS)
+    } else if dmax <= 64 {
+        (128, 3, 3)
     } else if dmax <= 128 {
-        (128, 2)
+        (128, 2, SM90A_CONSUMERS)
     } else if dmax <= 192 {
-        (96, 2)
+        (96, 2, SM90A_CONSUMERS)
     } else {
-        (80, 2)
+        (80, 2, SM90A_CONSUMERS)
     };
     Sm90aFwdTiles {
         block_n,
@@ -337,8 +346,8 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
         pipelined: true,
         pingpong: true,
         persistent: false,
-        consumers: SM90A_CONSUMERS,
-        head_major: false,
+        consumers,
+        head_major: true,
     }
 }
 
@@ -410,11 +419,15 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
          loads the next tile's Q under this tile's last P V and epilogue"
             .into()
     } else {
-        "one block per work tile, longest causal tiles first".into()
+        "one block per work tile".into()
     });
-    if head_major {
-        reasons.push("head-major tile order: one (batch, head) at a time, its K and V shared in L2".into());
-    }
+    reasons.push(if head_major {
+        "head-major tile order: one (batch, head) at a time, its K and V shared in L2 (measured +0..22% over \
+         query-block-major on the H200)"
+            .into()
+    } else {
+        "query-block-major tile order: every head of the last query block first (longest causal tiles first)".into()
+    });
     KernelPlan {
         spec: *spec,
         template: Template::FwdSm90a,
@@ -604,15 +617,21 @@ mod tests {
 
     #[test]
     fn sm90a_forward_plans_on_the_wgmma_template() {
-        for (d, bn, stages) in [(64, 192, 3), (128, 128, 2), (192, 96, 2), (256, 80, 2)] {
+        for (d, bm, bn, stages, threads) in [
+            (64, 192, 128, 3, 512),
+            (128, 128, 128, 2, 384),
+            (192, 128, 96, 2, 384),
+            (256, 128, 80, 2, 384),
+        ] {
             let spec = AttnSpec::fwd(DType::Bf16, d, Mask::CausalBottomRight, Layout::Thd, Arch::Sm90a);
             let p = plan(&spec).unwrap();
             assert_eq!(p.template, Template::FwdSm90a);
             assert_eq!(
                 (p.block_m, p.block_n, p.stages, p.threads()),
-                (128, bn, stages, 384),
+                (bm, bn, stages, threads),
                 "d{d}"
             );
+            assert!(p.head_major, "d{d}: head-major tile order by default");
         }
         let sm80 = plan(&AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Dense, Arch::Sm80)).unwrap();
         assert_eq!(sm80.template, Template::FwdSm80);

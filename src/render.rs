@@ -335,12 +335,12 @@ mod tests {
         let base = default_sm90a_tiles(&spec);
         let src = |t: Sm90aFwdTiles| render(&plan_fwd_sm90a_with(&spec, t)).unwrap().source;
         let default = src(base);
-        assert!(default.contains("do {") && !default.contains("Head-major"));
-        let hm = src(Sm90aFwdTiles {
-            head_major: true,
+        assert!(default.contains("do {") && default.contains("Head-major") && default.contains("t / p.num_m_blocks"));
+        let qbm = src(Sm90aFwdTiles {
+            head_major: false,
             ..base
         });
-        assert!(hm.contains("Head-major") && hm.contains("t / p.num_m_blocks"));
+        assert!(!qbm.contains("Head-major") && qbm.contains("t / bh_count"));
         let pers = src(Sm90aFwdTiles {
             persistent: true,
             ..base

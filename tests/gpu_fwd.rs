@@ -436,25 +436,35 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
                 .unwrap_or_else(|e| panic!("{spec} (persistent): {e}"))
         };
         v.push(("fwd_sm90a.cu persistent on 3 blocks", persistent, Some(3)));
-        // Head-major tile order (a plan option).
+        // The other tile order (query-block-major; the default is head-major).
+        let base = default_sm90a_tiles(spec);
         let tiles = Sm90aFwdTiles {
-            head_major: true,
-            ..default_sm90a_tiles(spec)
+            head_major: !base.head_major,
+            ..base
         };
-        let head_major = attnforge::jit::build_plan(plan_fwd_sm90a_with(spec, tiles))
-            .unwrap_or_else(|e| panic!("{spec} (head-major): {e}"));
-        v.push(("fwd_sm90a.cu head-major order", head_major, None));
-        // Three consumer warpgroups (a plan option) where they fit.
+        let order = attnforge::jit::build_plan(plan_fwd_sm90a_with(spec, tiles))
+            .unwrap_or_else(|e| panic!("{spec} (other tile order): {e}"));
+        v.push(("fwd_sm90a.cu query-block-major order", order, None));
+        // The other consumer count where both fit: 3 warpgroups up to d128
+        // (default at d <= 64), 2 otherwise.
         let dmax = spec.head_dim_qk.max(spec.head_dim_v);
         if dmax <= 128 {
-            let tiles = Sm90aFwdTiles {
-                consumers: 3,
-                block_n: if dmax <= 64 { 128 } else { 80 },
-                ..default_sm90a_tiles(spec)
+            let tiles = if base.consumers == 3 {
+                Sm90aFwdTiles {
+                    consumers: 2,
+                    block_n: 192,
+                    ..base
+                }
+            } else {
+                Sm90aFwdTiles {
+                    consumers: 3,
+                    block_n: 80,
+                    ..base
+                }
             };
-            let three = attnforge::jit::build_plan(plan_fwd_sm90a_with(spec, tiles))
-                .unwrap_or_else(|e| panic!("{spec} (3 consumers): {e}"));
-            v.push(("fwd_sm90a.cu 3 consumer warpgroups", three, None));
+            let other = attnforge::jit::build_plan(plan_fwd_sm90a_with(spec, tiles))
+                .unwrap_or_else(|e| panic!("{spec} (other consumer count): {e}"));
+            v.push(("fwd_sm90a.cu other consumer count", other, None));
         }
     }
     if planned.plan.template != Template::FwdSm80 {

@@ -4,7 +4,7 @@
 // completion on mbarriers); 2 consumer warpgroups own 64 query rows each and
 // run S = QK^T (wgmma, both operands in shared memory), the online softmax in
 // registers, and O += PV (wgmma, P from registers, V read transposed).
-// Work tiles in the order of tile_at (longest causal tiles first): one tile per block.
+// Work tiles in the order of tile_at (head-major): one tile per block.
 // Plan: block_m=128 block_n=80 stages=2 registers 24/240
 // consumer loop: pipelined by one tile (S of the next tile issued before P V of this one), the consumer warpgroups taking turns at the tensor cores (ping-pong).
 // Do not edit: rendered by attnforge from templates/fwd_sm90a.cu.
@@ -344,12 +344,13 @@ __device__ __forceinline__ unsigned ring_touched(int n) {
 __device__ __forceinline__ Tile tile_at(const FwdParams& p, int t) {
     Tile w;
 
-    const int bh_count = p.batch * p.heads_q;
-    const int bh = t % bh_count;
+    // Head-major: the query blocks of one (batch, head) are consecutive (the
+    // last first), so the blocks in flight share that head's K and V in L2.
+    const int bh = t / p.num_m_blocks;
     w.b = bh / p.heads_q;
     w.h = bh % p.heads_q;
     w.hk = w.h / p.gqa_ratio;
-    w.m0 = (p.num_m_blocks - 1 - t / bh_count) * BLOCK_M;
+    w.m0 = (p.num_m_blocks - 1 - t % p.num_m_blocks) * BLOCK_M;
 
     w.sq = p.seqlen_q;
     w.sk = p.seqlen_k;
