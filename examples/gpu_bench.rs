@@ -343,11 +343,13 @@ fn main() {
                     direction: attnforge::Direction::Bwd,
                     ..spec
                 };
-                if let Ok(bk) = attnforge::get_or_build(&bspec) {
-                    let bl = launch::load(&bk).expect("load bwd");
-                    let d_o = Dev::random(n, &mut rng);
-                    let (dq, dk, dv) = (Dev::zeroed(n * 2), Dev::zeroed(n * 2), Dev::zeroed(n * 2));
-                    let dsum = Dev::zeroed(b * h * s * 4);
+                // The planner's backward and, where that is the wgmma backward,
+                // the sm80 instruction path's on the same inputs.
+                let d_o = Dev::random(n, &mut rng);
+                let (dq, dk, dv) = (Dev::zeroed(n * 2), Dev::zeroed(n * 2), Dev::zeroed(n * 2));
+                let dsum = Dev::zeroed(b * h * s * 4);
+                let time_bwd = |bk: &attnforge::CompiledKernel| -> f64 {
+                    let bl = launch::load(bk).expect("load bwd");
                     let ws_bytes = launch_bwd::bwd_workspace_bytes(&bk.plan, &fa.problem);
                     let ws = Dev::zeroed(ws_bytes.max(16) as usize);
                     let ba = launch_bwd::BwdArgs {
@@ -364,17 +366,38 @@ fn main() {
                         problem: fa.problem.clone(),
                     };
                     // SAFETY: buffers sized for the problem; the forward above filled O and LSE.
-                    let bms = time_ms(
+                    time_ms(
                         || unsafe {
                             launch_bwd::launch_bwd(&bl, &ba, ws.0, ws_bytes, std::ptr::null_mut()).expect("bwd")
                         },
                         3,
                         5,
-                    );
+                    )
+                };
+                if let Ok(bk) = attnforge::get_or_build(&bspec) {
+                    let bms = time_bwd(&bk);
                     let btf = 2.5 * flops / bms / 1e9;
-                    println!("{bspec:<40} b={b:<3} h={h:<3} s={s:<6} {bms:8.3} ms {btf:7.1} TFLOP/s");
+                    println!(
+                        "{bspec:<40} b={b:<3} h={h:<3} s={s:<6} {bms:8.3} ms {btf:7.1} TFLOP/s ({})",
+                        bk.plan.template.file()
+                    );
                     row["bwd_ms"] = bms.into();
                     row["bwd_tflops"] = btf.into();
+                    row["bwd_template"] = bk.plan.template.file().into();
+                }
+                // The sm80 instruction path on the same problem, where the planner took the wgmma backward.
+                if row.get("bwd_template").and_then(|t| t.as_str()) != Some(attnforge::plan::Template::BwdSm80.file()) {
+                    if let Some(plan) = attnforge::plan::plan_bwd::plan_bwd_sm80(&bspec) {
+                        match attnforge::jit::build_plan(plan) {
+                            Ok(k80) => {
+                                let ms80 = time_bwd(&k80);
+                                let tf80 = 2.5 * flops / ms80 / 1e9;
+                                println!("{bspec:<40} b={b:<3} h={h:<3} s={s:<6} {ms80:8.3} ms {tf80:7.1} TFLOP/s (sm80 path)");
+                                row["bwd_sm80_tflops"] = tf80.into();
+                            }
+                            Err(e) => println!("{bspec}: sm80-path build failed: {e}"),
+                        }
+                    }
                 }
                 rows.push(row);
             }

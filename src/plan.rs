@@ -30,6 +30,10 @@ pub enum Template {
     /// Hopper forward: TMA into 128-byte-swizzled shared memory, `wgmma`, a
     /// producer warpgroup and two consumer warpgroups. sm90a only.
     FwdSm90a,
+    /// Hopper backward (fast mode): every product on `wgmma`, two warpgroups
+    /// of 64 kv rows, cp.async into 128-byte-swizzled shared memory; the same
+    /// entry points and parameters as [`Template::BwdSm80`]. sm90a only.
+    BwdSm90a,
 }
 
 impl Template {
@@ -39,6 +43,7 @@ impl Template {
             Template::FwdSm80 => "fwd_sm80.cu",
             Template::BwdSm80 => "bwd_sm80.cu",
             Template::FwdSm90a => "fwd_sm90a.cu",
+            Template::BwdSm90a => "bwd_sm90a.cu",
         }
     }
 }
@@ -147,7 +152,7 @@ pub fn plan(spec: &AttnSpec) -> Result<KernelPlan, PlanError> {
     match spec.direction {
         Direction::Fwd if spec.arch == Arch::Sm90a => Ok(plan_fwd_sm90a(spec)),
         Direction::Fwd => Ok(plan_fwd_sm80(spec)),
-        Direction::Bwd => plan_bwd::plan_bwd_sm80(spec).ok_or_else(|| PlanError {
+        Direction::Bwd => plan_bwd::plan_bwd(spec).ok_or_else(|| PlanError {
             spec: spec.to_string(),
             reason: "no backward tile shape fits this arch's shared memory and registers".into(),
         }),
@@ -533,7 +538,7 @@ mod tests {
                         "{spec}"
                     );
                 }
-                Template::BwdSm80 => unreachable!(),
+                Template::BwdSm80 | Template::BwdSm90a => unreachable!(),
             }
             assert!(a.head_dim_qk_padded.is_multiple_of(16) && a.head_dim_qk_padded >= spec.head_dim_qk as u32);
             assert!(a.block_n.is_multiple_of(16) && a.block_n >= 16);

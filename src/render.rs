@@ -21,6 +21,7 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ("fwd_sm80.cu", include_str!("../templates/fwd_sm80.cu")),
     ("bwd_sm80.cu", include_str!("../templates/bwd_sm80.cu")),
     ("fwd_sm90a.cu", include_str!("../templates/fwd_sm90a.cu")),
+    ("bwd_sm90a.cu", include_str!("../templates/bwd_sm90a.cu")),
     (
         "common/fwd_params.cuh",
         include_str!("../templates/common/fwd_params.cuh"),
@@ -29,6 +30,10 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ("common/hopper.cuh", include_str!("../templates/common/hopper.cuh")),
     ("common/ptx.cuh", include_str!("../templates/common/ptx.cuh")),
     ("common/mask.cuh", include_str!("../templates/common/mask.cuh")),
+    (
+        "common/bwd_common.cuh",
+        include_str!("../templates/common/bwd_common.cuh"),
+    ),
 ];
 
 /// Rendered CUDA source for one plan.
@@ -164,6 +169,30 @@ struct BwdContext {
     acc_chunk: u32,
 }
 
+/// The values the Hopper backward template sees.
+#[derive(Debug, Serialize)]
+struct BwdSm90aContext {
+    spec: String,
+    entry: String,
+    ptx_type: &'static str,
+    block_m: u32,
+    block_n: u32,
+    d_qk: u16,
+    d_v: u16,
+    d_qk_pad: u32,
+    d_v_pad: u32,
+    /// dQ columns per warpgroup, and whether the warpgroups split dQ's
+    /// columns (else each covers its own kv rows).
+    dq_n: u32,
+    dq_split_n: bool,
+    /// The N of the register-A wgmma products (dK, dV), once each.
+    rs_ns: Vec<u32>,
+    mask_kind: u32,
+    is_thd: bool,
+    softcap: bool,
+    row_warps: u32,
+}
+
 /// Mask kind as the templates number it (see `templates/common/mask.cuh`).
 pub const fn mask_kind(mask: Mask) -> u32 {
     match mask {
@@ -222,7 +251,31 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
             acc_chunk: b.acc_chunk,
         })
         .map_err(ctx_err)?,
-        (Template::BwdSm80, None) => {
+        (Template::BwdSm90a, Some(b)) => {
+            let (dqk, dv) = (plan.head_dim_qk_padded, plan.head_dim_v_padded);
+            let mut rs_ns = vec![dqk, dv];
+            rs_ns.dedup();
+            Context::from_serialize(BwdSm90aContext {
+                spec: spec.to_string(),
+                entry: plan.entry.clone(),
+                ptx_type,
+                block_m: b.block_m,
+                block_n: b.block_n,
+                d_qk: spec.head_dim_qk,
+                d_v: spec.head_dim_v,
+                d_qk_pad: dqk,
+                d_v_pad: dv,
+                dq_n: 64,
+                dq_split_n: dqk == 128,
+                rs_ns,
+                mask_kind: mask_kind(spec.mask),
+                is_thd: spec.layout == Layout::Thd,
+                softcap: spec.softcap,
+                row_warps: b.row_warps,
+            })
+            .map_err(ctx_err)?
+        }
+        (Template::BwdSm80 | Template::BwdSm90a, None) => {
             return Err(RenderError {
                 template: name.into(),
                 message: "a bwd_sm80 plan needs its `bwd` tiles".into(),

@@ -154,7 +154,14 @@ impl Err2 {
     }
 }
 
-fn run_case(c: &Case, spec: AttnSpec, rng: &mut rand::rngs::StdRng) -> Outcome {
+/// Run one case; `kernel` overrides the planner's backward kernel (the sm80
+/// path where the planner takes the wgmma backward).
+fn run_case(
+    c: &Case,
+    spec: AttnSpec,
+    kernel: Option<&attnforge::CompiledKernel>,
+    rng: &mut rand::rngs::StdRng,
+) -> Outcome {
     let dt = spec.dtype;
     let (dq, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
     let (hq, hkv) = (c.heads_q, c.heads_kv);
@@ -272,7 +279,10 @@ fn run_case(c: &Case, spec: AttnSpec, rng: &mut rand::rngs::StdRng) -> Outcome {
     unsafe { launch::launch_fwd(&floaded, &fargs, std::ptr::null_mut()) }.expect("launch fwd");
 
     // Backward.
-    let bk = match attnforge::get_or_build(&spec) {
+    let bk = match kernel
+        .map(|k| Ok(std::sync::Arc::new(k.clone())))
+        .unwrap_or_else(|| attnforge::get_or_build(&spec))
+    {
         Ok(k) => k,
         Err(e) => {
             return Outcome {
@@ -819,9 +829,30 @@ fn gpu_backward_matches_f64_reference() {
     let _ = writeln!(res_table, "|---|---|");
     let mut failed = 0;
     let mut seen = Vec::new();
+    // Every case the planner gives the wgmma backward also runs on the sm80
+    // instruction path, so that one H200 run checks both templates.
+    let mut runs: Vec<(&Case, AttnSpec, Option<attnforge::CompiledKernel>)> = Vec::new();
     for (c, spec) in &todo {
+        runs.push((c, *spec, None));
+        if attnforge::plan::plan_bwd::plan_bwd_sm90a(spec).is_ok() {
+            let built = attnforge::plan::plan_bwd::plan_bwd_sm80(spec)
+                .ok_or_else(|| "no sm80-path plan".to_string())
+                .and_then(|plan| attnforge::jit::build_plan(plan).map_err(|e| e.to_string()));
+            match built {
+                Ok(k) => runs.push((c, *spec, Some(k))),
+                Err(e) => eprintln!("gpu_bwd: build {spec} (bwd_sm80.cu): {e}"),
+            }
+        }
+    }
+    for (c, spec, kernel) in &runs {
+        let (c, spec) = (*c, spec);
         let t0 = std::time::Instant::now();
-        let out = run_case(c, *spec, &mut rng);
+        let out = run_case(c, *spec, kernel.as_ref(), &mut rng);
+        let template = match kernel {
+            Some(k) => k.plan.template.file(),
+            None => attnforge::plan(spec).map_or("?", |p| p.template.file()),
+        };
+        let label = format!("{spec} [{template}]");
         let bnd = bound(spec.dtype);
         let ok = out.rel.iter().all(|r| *r <= bnd) && out.problems.is_empty();
         if !ok {
@@ -840,7 +871,7 @@ fn gpu_backward_matches_f64_reference() {
         let _ = writeln!(
             table,
             "| {} | {} x {}/{} | {} | {:?} | {:?} | {} | {:.2e} | {:.2e} | {:.2e} | {:.0e} | {} | {} |",
-            spec,
+            label,
             c.batch,
             c.heads_q,
             c.heads_kv,
@@ -862,7 +893,7 @@ fn gpu_backward_matches_f64_reference() {
         println!(
             "{} {} dq={:.2e} dk={:.2e} dv={:.2e} {} ({:.1}s) {:?}",
             if ok { "ok  " } else { "FAIL" },
-            spec,
+            label,
             out.rel[0],
             out.rel[1],
             out.rel[2],

@@ -166,6 +166,13 @@ struct RowWindow {
 };
 
 
+// ---- common/bwd_common.cuh: what both backward templates share ---------------
+// Launch parameters (BwdParams), small helpers, the visibility of key ranges,
+// the per-score gradient, sequence geometry, accumulator stores, and the row
+// kernels _pre (Dsum = rowsum(dO * O), zero dq_accum) and, in fast mode,
+// _dq_convert. The including template defines D_QK, D_V, DQK, ROW_WARPS,
+// MASK_KIND, IS_THD, SOFTCAP and DETERMINISTIC first.
+
 #define POS_INF (__int_as_float(0x7f800000))
 constexpr float LOG2E = 1.4426950408889634f;
 
@@ -256,99 +263,6 @@ __device__ __forceinline__ int last_row_seeing(int sq, int sk, int left, int key
         i = j < i ? j : i;
     }
     return (int)(i < -1 ? -1 : i);
-}
-
-// ---- tiles and warp-level GEMM ----------------------------------------------------
-
-// Copy ROWS x DPAD tile rows from global (row pitch `stride`) into shared memory
-// (pitch PITCH) with cp.async, zero-filling rows >= valid_rows and columns >= d_real.
-template <int ROWS, int DPAD, int PITCH, int NTHREADS>
-__device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, long long stride,
-                                          int valid_rows, int d_real, int tid) {
-    constexpr int CHUNKS = DPAD / 8;                     // 16-byte chunks per row
-    const unsigned s0 = smem_addr(smem);
-    constexpr int TOTAL = ROWS * CHUNKS;
-#pragma unroll
-    for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {  // compile-time trip count
-        const int idx = tid + i * NTHREADS;
-        if (TOTAL % NTHREADS != 0 && idx >= TOTAL) break;
-        const int r = idx / CHUNKS, c = idx % CHUNKS;
-        const bool ok = r < valid_rows && c * 8 < d_real;
-        const elem_t* src = ok ? gbase + r * stride + c * 8 : gbase;
-        cp_async_16(s0 + (r * PITCH + c * 8) * 2, src, ok ? 16 : 0);
-    }
-}
-
-// A operand (16 x 16: rows r0.., k k0..) of mma.m16n8k16 from shared memory.
-//   A_T = false: stored row-major [row][k] (ldmatrix);
-//   A_T = true:  stored [k][row], i.e. A is the transpose of the stored tile (ldmatrix.trans).
-// Fragment: a0 (rows 0-7, k 0-7), a1 (rows 8-15, k 0-7), a2 (rows 0-7, k 8-15), a3 (rows 8-15, k 8-15);
-// lanes 8q..8q+7 address the eight rows of matrix q.
-template <bool A_T>
-__device__ __forceinline__ void load_a(unsigned (&a)[4], unsigned base, int pitch, int r0, int k0, int lane) {
-    if constexpr (!A_T) {
-        const int row = r0 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        const int col = k0 + (lane >> 4) * 8;
-        ldmatrix_x4(a, base + (row * pitch + col) * 2);
-    } else {
-        const int k = k0 + (lane & 7) + (lane >> 4) * 8;
-        const int col = r0 + ((lane >> 3) & 1) * 8;
-        ldmatrix_x4_trans(a, base + (k * pitch + col) * 2);
-    }
-}
-
-// B operands of two adjacent n8 tiles (cols c0..c0+15, k k0..k0+15): b[0], b[1] for
-// cols c0..c0+7 (k 0-7, k 8-15), b[2], b[3] for cols c0+8..c0+15.
-//   B_T = false: stored [col][k] (ldmatrix);  B_T = true: stored [k][col] (ldmatrix.trans).
-template <bool B_T>
-__device__ __forceinline__ void load_b(unsigned (&b)[4], unsigned base, int pitch, int c0, int k0, int lane) {
-    if constexpr (!B_T) {
-        const int row = c0 + (lane & 7) + (lane >> 4) * 8;
-        const int col = k0 + ((lane >> 3) & 1) * 8;
-        ldmatrix_x4(b, base + (row * pitch + col) * 2);
-    } else {
-        const int k = k0 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        const int col = c0 + (lane >> 4) * 8;
-        ldmatrix_x4_trans(b, base + (k * pitch + col) * 2);
-    }
-}
-
-// acc[MT][NT][4] += A[r0 .. r0 + 16 MT) x B[.., c0 .. c0 + 8 NT), k over [0, 16 KSTEPS).
-// Accumulator layout: thread (g = lane/4, t = lane%4) holds, of each 16x8 tile,
-// rows g (elements 0, 1) and g + 8 (elements 2, 3), columns 2t and 2t + 1.
-template <int MT, int NT, int KSTEPS, bool A_T, bool B_T>
-__device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], unsigned sA, int pitch_a, int r0,
-                                          unsigned sB, int pitch_b, int c0, int lane) {
-    static_assert(NT % 2 == 0, "B operands are loaded two n8 tiles at a time");
-    // The k-loop only moves addresses (the accumulators are indexed by mt and
-    // np), so a partial unroll keeps everything in registers while stopping
-    // the compiler from hoisting the operands of all k-steps at once.
-#pragma unroll 4
-    for (int ks = 0; ks < KSTEPS; ++ks) {
-        unsigned a[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) load_a<A_T>(a[mt], sA, pitch_a, r0 + mt * 16, ks * 16, lane);
-#pragma unroll
-        for (int np = 0; np < NT / 2; ++np) {
-            unsigned b[4];
-            load_b<B_T>(b, sB, pitch_b, c0 + np * 16, ks * 16, lane);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                mma_16816(acc[mt][2 * np], a[mt], b[0], b[1]);
-                mma_16816(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
-            }
-        }
-    }
-}
-
-template <int MT, int NT>
-__device__ __forceinline__ void zero_acc(float (&acc)[MT][NT][4]) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
 }
 
 // Store a warp's accumulator tile (rows r0.., columns c0..) times `mul` to global
@@ -446,6 +360,102 @@ attnforge_bwd_f16_d64_window_thd_softcap_det_sm90a_pre(const BwdParams p) {
             *reinterpret_cast<f32x4*>(z + c + 4) = zero;
         }
     }
+}
+
+
+
+
+// ---- tiles and warp-level GEMM ----------------------------------------------------
+
+// Copy ROWS x DPAD tile rows from global (row pitch `stride`) into shared memory
+// (pitch PITCH) with cp.async, zero-filling rows >= valid_rows and columns >= d_real.
+template <int ROWS, int DPAD, int PITCH, int NTHREADS>
+__device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, long long stride,
+                                          int valid_rows, int d_real, int tid) {
+    constexpr int CHUNKS = DPAD / 8;                     // 16-byte chunks per row
+    const unsigned s0 = smem_addr(smem);
+    constexpr int TOTAL = ROWS * CHUNKS;
+#pragma unroll
+    for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {  // compile-time trip count
+        const int idx = tid + i * NTHREADS;
+        if (TOTAL % NTHREADS != 0 && idx >= TOTAL) break;
+        const int r = idx / CHUNKS, c = idx % CHUNKS;
+        const bool ok = r < valid_rows && c * 8 < d_real;
+        const elem_t* src = ok ? gbase + r * stride + c * 8 : gbase;
+        cp_async_16(s0 + (r * PITCH + c * 8) * 2, src, ok ? 16 : 0);
+    }
+}
+
+// A operand (16 x 16: rows r0.., k k0..) of mma.m16n8k16 from shared memory.
+//   A_T = false: stored row-major [row][k] (ldmatrix);
+//   A_T = true:  stored [k][row], i.e. A is the transpose of the stored tile (ldmatrix.trans).
+// Fragment: a0 (rows 0-7, k 0-7), a1 (rows 8-15, k 0-7), a2 (rows 0-7, k 8-15), a3 (rows 8-15, k 8-15);
+// lanes 8q..8q+7 address the eight rows of matrix q.
+template <bool A_T>
+__device__ __forceinline__ void load_a(unsigned (&a)[4], unsigned base, int pitch, int r0, int k0, int lane) {
+    if constexpr (!A_T) {
+        const int row = r0 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        const int col = k0 + (lane >> 4) * 8;
+        ldmatrix_x4(a, base + (row * pitch + col) * 2);
+    } else {
+        const int k = k0 + (lane & 7) + (lane >> 4) * 8;
+        const int col = r0 + ((lane >> 3) & 1) * 8;
+        ldmatrix_x4_trans(a, base + (k * pitch + col) * 2);
+    }
+}
+
+// B operands of two adjacent n8 tiles (cols c0..c0+15, k k0..k0+15): b[0], b[1] for
+// cols c0..c0+7 (k 0-7, k 8-15), b[2], b[3] for cols c0+8..c0+15.
+//   B_T = false: stored [col][k] (ldmatrix);  B_T = true: stored [k][col] (ldmatrix.trans).
+template <bool B_T>
+__device__ __forceinline__ void load_b(unsigned (&b)[4], unsigned base, int pitch, int c0, int k0, int lane) {
+    if constexpr (!B_T) {
+        const int row = c0 + (lane & 7) + (lane >> 4) * 8;
+        const int col = k0 + ((lane >> 3) & 1) * 8;
+        ldmatrix_x4(b, base + (row * pitch + col) * 2);
+    } else {
+        const int k = k0 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        const int col = c0 + (lane >> 4) * 8;
+        ldmatrix_x4_trans(b, base + (k * pitch + col) * 2);
+    }
+}
+
+// acc[MT][NT][4] += A[r0 .. r0 + 16 MT) x B[.., c0 .. c0 + 8 NT), k over [0, 16 KSTEPS).
+// Accumulator layout: thread (g = lane/4, t = lane%4) holds, of each 16x8 tile,
+// rows g (elements 0, 1) and g + 8 (elements 2, 3), columns 2t and 2t + 1.
+template <int MT, int NT, int KSTEPS, bool A_T, bool B_T>
+__device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], unsigned sA, int pitch_a, int r0,
+                                          unsigned sB, int pitch_b, int c0, int lane) {
+    static_assert(NT % 2 == 0, "B operands are loaded two n8 tiles at a time");
+    // The k-loop only moves addresses (the accumulators are indexed by mt and
+    // np), so a partial unroll keeps everything in registers while stopping
+    // the compiler from hoisting the operands of all k-steps at once.
+#pragma unroll 4
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+        unsigned a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) load_a<A_T>(a[mt], sA, pitch_a, r0 + mt * 16, ks * 16, lane);
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+            unsigned b[4];
+            load_b<B_T>(b, sB, pitch_b, c0 + np * 16, ks * 16, lane);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma_16816(acc[mt][2 * np], a[mt], b[0], b[1]);
+                mma_16816(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+template <int MT, int NT>
+__device__ __forceinline__ void zero_acc(float (&acc)[MT][NT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
 }
 
 // ---- main: one block per (kv tile, batch, kv head) -----------------------------

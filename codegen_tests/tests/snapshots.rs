@@ -20,6 +20,8 @@ const SPECS: &[&str] = &[
     "fwd.f16.d40.none.thd.sm86",
     "bwd.bf16.d128.causal-br.dense.sm80",
     "bwd.f16.d64.window.thd.softcap.det.sm90a",
+    "bwd.bf16.d128.causal-br.dense.sm90a",
+    "bwd.f16.d64.window.thd.softcap.sm90a",
 ];
 
 fn dir() -> PathBuf {

@@ -232,3 +232,46 @@ fn sm90a_forward_schedule_variants_compile_without_spills() {
         }
     }
 }
+
+/// Where the planner gives an sm90a backward spec to the wgmma template
+/// (`bwd_sm90a.cu`, compiled by the matrix sweep above), the sm80 instruction
+/// path stays compilable and spill-free for it too: the GPU suite runs both.
+#[test]
+fn sm80_path_backward_stays_spill_free_where_wgmma_is_planned() {
+    use attnforge::plan::plan_bwd::{plan_bwd_sm80, plan_bwd_sm90a};
+    use attnforge::Direction;
+    if let Err(e) = Nvrtc::get() {
+        if std::env::var_os("ATTNFORGE_REQUIRE_NVRTC").is_some_and(|v| v != "0") {
+            panic!("ATTNFORGE_REQUIRE_NVRTC is set but NVRTC is missing: {e}");
+        }
+        println!("skipped: NVRTC not found ({e})");
+        return;
+    }
+    let specs: Vec<_> = matrix::default_specs(&[Arch::Sm90a])
+        .into_iter()
+        .filter(|s| s.direction == Direction::Bwd && plan_bwd_sm90a(s).is_ok())
+        .collect();
+    assert!(
+        !specs.is_empty(),
+        "no backward spec of the matrix is planned on the wgmma template"
+    );
+    let mut failures = Vec::new();
+    for spec in &specs {
+        assert_eq!(
+            attnforge::plan(spec).unwrap().template,
+            attnforge::plan::Template::BwdSm90a
+        );
+        let plan = plan_bwd_sm80(spec).unwrap_or_else(|| panic!("{spec}: no sm80-path plan"));
+        match attnforge::jit::build_plan(plan) {
+            Ok(k) => {
+                let all = attnforge::compile::parse_ptxas_log(&k.meta.log);
+                let spill: u32 = all.iter().map(|e| e.spill_stores + e.spill_loads).sum();
+                if spill > 0 {
+                    failures.push(format!("{spec}: {spill} B spilled on the sm80 path"));
+                }
+            }
+            Err(e) => failures.push(format!("{spec}: {e}")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

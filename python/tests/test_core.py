@@ -39,7 +39,7 @@ def test_explain_prints_both_directions_without_a_gpu(capsys):
         # On Hopper the wgmma forward ranks between cuDNN and FA2; our backward last.
         "2. generated    eligible (ranked lower) [template fwd_sm90a.cu",
         "3. torch-flash  eligible (ranked lower)",
-        "3. generated    eligible (ranked lower) [template bwd_sm80.cu",
+        "3. generated    eligible (ranked lower) [template bwd_sm90a.cu",
         "context   LSE dense [B, H, Sq], consumed as is",
     ]:
         assert want in text, text

@@ -470,7 +470,7 @@ mod tests {
         let p = Problem::dense(ElemType::F16, 64, 1, 4, 4, 64, 64, SM90).with_grad();
         let s = b.supports(Direction::Bwd, &key(p)).unwrap();
         assert_eq!(s.spec.unwrap().to_string(), "bwd.f16.d64.none.dense.sm90a");
-        assert!(s.note.unwrap().contains("bwd_sm80.cu"));
+        assert!(s.note.unwrap().contains("bwd_sm90a.cu"));
         let s = b
             .supports(Direction::Bwd, &key(p.with_deterministic().with_window(8, 0)))
             .unwrap();

@@ -1,0 +1,810 @@
+// attnforge generated kernel: bwd.bf16.d128.causal-br.dense.sm90a
+// template bwd_sm90a.cu — Hopper backward (fast mode): every product on wgmma.
+// One block per (kv tile of 128 rows, batch, kv head), two warpgroups of
+// 64 kv rows each; all 256 threads stage the query tiles (64 rows of Q,
+// dO, LSE, Dsum; next tile prefetched) with cp.async into 128-byte-swizzled
+// shared memory, the layout wgmma's descriptors read.
+// Do not edit: rendered by attnforge from templates/bwd_sm90a.cu.
+//
+// Entry points (the BwdParams of common/bwd_common.cuh), launched in this order:
+//   attnforge_bwd_bf16_d128_causal_br_dense_sm90a_pre          Dsum = rowsum(dO * O) in f32 (LSE layout); zero dq_accum
+//   attnforge_bwd_bf16_d128_causal_br_dense_sm90a              main: dK, dV; dQ added to the f32 dq_accum (red.global.add.v4.f32)
+//   attnforge_bwd_bf16_d128_causal_br_dense_sm90a_dq_convert   dQ = scale * dq_accum, in the element type
+//
+// Per query tile, warpgroup w (kv rows n0 + 64w ..):
+//   S^T  = K_w Q^T,  dP^T = V_w dO^T        wgmma, both operands K-major in shared memory
+//   P^T in registers, kept as bf16/f16 fragments; then dP^T and dS^T
+//   dV_w += P^T dO,  dK_w += dS^T Q          wgmma, A = P^T / dS^T fragments from
+//                                            registers, B = dO / Q read MN-major
+//   dS^T -> shared memory; dQ (64 x 64 per warpgroup) = dS K over all 128 kv rows,
+//   the warpgroups splitting dQ's columns; A = dS^T read MN-major, B = K read MN-major.
+// Notation as in bwd_sm80.cu: dS here is dZ / scale; dK and dQ take `scale` at the end.
+
+constexpr int BLOCK_M = 64;               // query rows per step
+constexpr int BLOCK_N = 128;               // kv rows per block (64 per warpgroup)
+constexpr int THREADS = 256;
+constexpr int D_QK = 128;                     // real head dims
+constexpr int D_V = 128;
+constexpr int DQK = 128;                  // padded: 64-column (128-byte) chunks
+constexpr int DV = 128;
+constexpr int QK_CHUNKS = DQK / 64, V_CHUNKS = DV / 64;
+constexpr int DQ_N = 64;                     // dQ columns per warpgroup
+constexpr bool DQ_SPLIT_N = true;         // else: split over kv rows
+constexpr int MASK_KIND = 2;
+constexpr bool IS_THD = false;
+constexpr bool SOFTCAP = false;
+constexpr bool DETERMINISTIC = false;
+constexpr int ROW_WARPS = 4;           // _pre / _dq_convert: one (token, head) row per warp
+static_assert(BLOCK_M == 64 && BLOCK_N == 128, "two warpgroups of 64 kv rows, 64-row query tiles");
+static_assert(DQK % 64 == 0 && DV % 64 == 0 && DQ_N == 64, "whole 128-byte chunks");
+
+// ---- common/ptx.cuh: header-free device helpers (inline PTX) -----------------
+// Kernels are compiled by NVRTC with no include path: no cuda_fp16.h or
+// cuda_bf16.h. Elements travel as raw 16-bit patterns; conversions and
+// tensor-core operations go through the PTX below.
+
+typedef unsigned short elem_t;      // one f16/bf16 element, raw bits
+typedef unsigned int elem2_t;       // two packed elements, low half = lower index
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+// 16-byte async copy global -> shared; src_bytes = 0 zero-fills the destination
+// without reading global memory.
+__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// D = A(16x16, row) * B(16x8, col) + D, f32 accumulation.
+__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Round two floats to the element type (nearest even) and pack them.
+__device__ __forceinline__ elem2_t pack2(float lo, float hi) {
+    elem2_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float fast_log2(float x) {
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float fast_tanh(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+    return x;
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    return x;
+}
+
+#define NEG_INF (__int_as_float(0xff800000))
+
+// ---- common/hopper.cuh: sm90a device helpers (inline PTX) ---------------------
+// mbarriers, the tensor memory accelerator (TMA), warpgroup MMA (wgmma)
+// fences and shared-memory matrix descriptors, register reallocation.
+
+// A CUtensorMap as the driver encodes it (cuTensorMapEncodeTiled): 128 opaque
+// bytes, 64-byte aligned, passed by value as a __grid_constant__ parameter.
+struct __align__(64) TmaMap {
+    unsigned long long opaque[16];
+};
+
+// ---- mbarriers (shared::cta, 8 bytes each) ----
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+// Arrive once and announce `bytes` more of asynchronous transactions.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+// Block until the phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done = 0;
+    do {
+        asm volatile(
+            "{\n .reg .pred p;\n"
+            " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            " selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+// Make barrier initialisation (generic proxy) visible to the async proxy (TMA).
+__device__ __forceinline__ void fence_barrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// ---- TMA: a 4-D tile (d, row, head, batch) into shared memory, completing on `bar` ----
+__device__ __forceinline__ void tma_prefetch_map(const TmaMap* map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"(reinterpret_cast<unsigned long long>(map)) : "memory");
+}
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaMap* map, unsigned bar,
+                                            int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+        :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
+}
+
+// ---- wgmma ----
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+
+// Shared-memory matrix descriptor for a 128-byte-swizzled tile whose rows are
+// 128 bytes (64 elements) wide, as TMA writes it with SWIZZLE_128B: 8-row
+// groups 1024 bytes apart (stride byte offset); `lbo` is the byte distance
+// between 64-element column chunks (used by MN-major operands only).
+__device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned lbo) {
+    unsigned long long d = 0;
+    d |= (unsigned long long)((addr & 0x3FFFF) >> 4);
+    d |= (unsigned long long)((lbo >> 4) & 0x3FFF) << 16;
+    d |= (unsigned long long)(1024 >> 4) << 32;
+    d |= 1ull << 62;                                       // swizzle mode: 128 B
+    return d;
+}
+
+// ---- register reallocation between warpgroups ----
+template <int N>
+__device__ __forceinline__ void regs_release() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N)); }
+template <int N>
+__device__ __forceinline__ void regs_claim() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N)); }
+
+// ---- named barriers: `threads` (a multiple of 32) arrive, the syncing ones wait ----
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+
+// ---- common/mask.cuh: which keys a query row sees ------------------------------
+// MASK_KIND: 0 none, 1 causal top-left, 2 causal bottom-right, 3 sliding window
+// (left, right around the bottom-right diagonal; -1 = unbounded).
+// Row i sees keys j with key_lo(i) <= j <= key_hi(i), clipped to [0, seqlen_k).
+
+struct RowWindow {
+    int diag;        // seqlen_k - seqlen_q: row i's bottom-right diagonal key is i + diag
+    int last_key;    // seqlen_k - 1
+    int left, right;
+
+    __device__ __forceinline__ RowWindow(int seqlen_q, int seqlen_k, int left_, int right_)
+        : diag(seqlen_k - seqlen_q), last_key(seqlen_k - 1), left(left_), right(right_) {}
+
+    __device__ __forceinline__ int key_lo(int i) const {
+        if (MASK_KIND == 3 && left >= 0) return max(0, i + diag - left);
+        return 0;
+    }
+    __device__ __forceinline__ int key_hi(int i) const {
+        if (MASK_KIND == 1) return min(last_key, i);
+        if (MASK_KIND == 2) return min(last_key, i + diag);
+        if (MASK_KIND == 3 && right >= 0) return min(last_key, i + diag + right);
+        return last_key;
+    }
+};
+
+// ---- common/bwd_common.cuh: what both backward templates share ---------------
+// Launch parameters (BwdParams), small helpers, the visibility of key ranges,
+// the per-score gradient, sequence geometry, accumulator stores, and the row
+// kernels _pre (Dsum = rowsum(dO * O), zero dq_accum) and, in fast mode,
+// _dq_convert. The including template defines D_QK, D_V, DQK, ROW_WARPS,
+// MASK_KIND, IS_THD, SOFTCAP and DETERMINISTIC first.
+
+#define POS_INF (__int_as_float(0x7f800000))
+constexpr float LOG2E = 1.4426950408889634f;
+
+// Launch parameters; the layout matches `attnforge::launch_bwd::BwdParams` (repr C).
+struct BwdParams {
+    const elem_t* q; const elem_t* k; const elem_t* v; const elem_t* o; const elem_t* dout;
+    elem_t* dq; elem_t* dk; elem_t* dv;
+    const float* lse; float* dsum; float* dq_accum;       // dq_accum: fast mode only
+    const int* cu_seqlens_q; const int* cu_seqlens_k;      // THD only
+    long long q_sb, q_ss, q_sh;                            // strides in elements
+    long long k_sb, k_ss, k_sh;
+    long long v_sb, v_ss, v_sh;
+    long long o_sb, o_ss, o_sh;
+    long long do_sb, do_ss, do_sh;
+    long long dq_sb, dq_ss, dq_sh;
+    long long dk_sb, dk_ss, dk_sh;
+    long long dv_sb, dv_ss, dv_sh;
+    long long lse_sb, lse_sh;                              // lse/dsum[b*sb + h*sh + row]
+    int batch, heads_q, heads_kv, gqa_ratio;
+    int seqlen_q, seqlen_k;                                // dense: lengths; THD: maxima
+    int window_left, window_right;
+    int rows;                                              // dense: batch*seqlen_q; THD: total_q
+    float scale;                                           // softmax scale
+    float scale_log2;                                      // scale * log2(e)
+    float softcap_pre;                                     // scale / cap
+    float softcap_post;                                    // cap * log2(e)
+    int pad_;
+};
+
+// ---- element conversion and small PTX helpers --------------------------------
+
+__device__ __forceinline__ float elem_to_f32(elem_t x) {
+    return __uint_as_float((unsigned)x << 16);
+}
+
+struct __align__(16) u32x4 { unsigned x, y, z, w; };
+struct __align__(16) f32x4 { float x, y, z, w; };
+
+// Fire-and-forget f32 add to global memory (atomicAdd without a result).
+__device__ __forceinline__ void red_add_f32(float* addr, float v) {
+    asm volatile("red.global.add.f32 [%0], %1;\n" :: "l"(addr), "f"(v) : "memory");
+}
+
+// Four consecutive f32 adds (addr 16-byte aligned). sm_90 has a vector
+// reduction (one request for a whole 16-byte chunk); older archs issue four.
+__device__ __forceinline__ void red_add_f32x4(float* addr, float a, float b, float c, float d) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], { %1, %2, %3, %4 };\n"
+                 :: "l"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+#else
+    red_add_f32(addr, a);
+    red_add_f32(addr + 1, b);
+    red_add_f32(addr + 2, c);
+    red_add_f32(addr + 3, d);
+#endif
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+// ---- visibility of whole key ranges ----------------------------------------------
+// key_lo(i) and key_hi(i) of RowWindow (common/mask.cuh) are non-decreasing in i,
+// so the query rows that see at least one key of [key_a, key_b] form one interval;
+// these give its ends in closed form (same rules, solved for i).
+
+// Smallest row i with key_hi(i) >= key (seqlen_q when none), for 0 <= key < seqlen_k.
+__device__ __forceinline__ int first_row_seeing(int sq, int sk, int right, int key) {
+    const long long diag = (long long)sk - sq;           // row i's bottom-right diagonal key: i + diag
+    long long i = 0;
+    if (MASK_KIND == 1) i = key;
+    if (MASK_KIND == 2) i = key - diag;
+    if (MASK_KIND == 3 && right >= 0) i = key - diag - right;
+    i = i < 0 ? 0 : i;
+    return (int)(i > sq ? sq : i);
+}
+
+// Largest row i with key_lo(i) <= key (-1 when none), for 0 <= key < seqlen_k.
+__device__ __forceinline__ int last_row_seeing(int sq, int sk, int left, int key) {
+    const long long diag = (long long)sk - sq;
+    long long i = sq - 1;
+    if (MASK_KIND == 3 && left >= 0) {
+        const long long j = key - diag + left;
+        i = j < i ? j : i;
+    }
+    return (int)(i < -1 ? -1 : i);
+}
+
+// Store a warp's accumulator tile (rows r0.., columns c0..) times `mul` to global
+// memory (row pitch `stride`) in the element type: rows < valid_rows, columns < d_real.
+template <int MT, int NT>
+__device__ __forceinline__ void store_acc(elem_t* gbase, long long stride, const float (&acc)[MT][NT][4],
+                                          int r0, int c0, int valid_rows, int d_real, float mul, int lane) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = r0 + mt * 16 + g + 8 * r;
+            if (row < valid_rows) {
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const int col = c0 + j * 8 + 2 * t;
+                    if (col < d_real) {
+                        *reinterpret_cast<elem2_t*>(gbase + row * stride + col) =
+                            pack2(acc[mt][j][2 * r] * mul, acc[mt][j][2 * r + 1] * mul);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// dZ / scale for one score: from the raw score s = (Q K^T)_ij, dP_ij, the row's
+// LSE * log2(e) (+inf for rows that see no key or lie outside the sequence, so
+// that P = 0) and Dsum_i. Returns P through `p_out`.
+__device__ __forceinline__ float score_grad(float s, float dp, float lse2, float dsum, bool visible,
+                                            const BwdParams& p, float& p_out) {
+    float z2, dtanh = 1.f;
+    if constexpr (SOFTCAP) {
+        const float th = fast_tanh(s * p.softcap_pre);
+        z2 = p.softcap_post * th;
+        dtanh = 1.f - th * th;
+    } else {
+        z2 = s * p.scale_log2;
+    }
+    const float pr = visible ? fast_exp2(z2 - lse2) : 0.f;
+    p_out = pr;
+    return pr * (dp - dsum) * dtanh;
+}
+
+// Sequence geometry of batch entry b: offsets into packed tensors and lengths.
+struct SeqInfo {
+    int q_off, k_off, sq, sk;
+};
+__device__ __forceinline__ SeqInfo seq_info(const BwdParams& p, int b) {
+    SeqInfo s{0, 0, p.seqlen_q, p.seqlen_k};
+    if constexpr (IS_THD) {
+        s.q_off = p.cu_seqlens_q[b];
+        s.k_off = p.cu_seqlens_k[b];
+        s.sq = p.cu_seqlens_q[b + 1] - s.q_off;
+        s.sk = p.cu_seqlens_k[b + 1] - s.k_off;
+    }
+    return s;
+}
+
+// ---- _pre: Dsum = rowsum(dO * O); zero dq_accum ----------------------------------
+
+extern "C" __global__ void __launch_bounds__(ROW_WARPS * 32)
+attnforge_bwd_bf16_d128_causal_br_dense_sm90a_pre(const BwdParams p) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long idx = (long long)blockIdx.x * ROW_WARPS + warp;   // (row, head) pair
+    if (idx >= (long long)p.rows * p.heads_q) return;
+    const int row = (int)(idx / p.heads_q), h = (int)(idx % p.heads_q);
+    int b = 0, i = row;                                  // THD: row is the packed token
+    if constexpr (!IS_THD) {
+        b = row / p.seqlen_q;
+        i = row % p.seqlen_q;
+    }
+    const elem_t* o = p.o + b * p.o_sb + (long long)i * p.o_ss + h * p.o_sh;
+    const elem_t* d = p.dout + b * p.do_sb + (long long)i * p.do_ss + h * p.do_sh;
+    float acc = 0.f;
+    for (int c = lane * 8; c < D_V; c += 256) {
+        const u32x4 ov = *reinterpret_cast<const u32x4*>(o + c);
+        const u32x4 dv = *reinterpret_cast<const u32x4*>(d + c);
+        const unsigned ow[4] = { ov.x, ov.y, ov.z, ov.w };
+        const unsigned dw[4] = { dv.x, dv.y, dv.z, dv.w };
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            acc += elem_to_f32((elem_t)(ow[w] & 0xffffu)) * elem_to_f32((elem_t)(dw[w] & 0xffffu));
+            acc += elem_to_f32((elem_t)(ow[w] >> 16)) * elem_to_f32((elem_t)(dw[w] >> 16));
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) p.dsum[b * p.lse_sb + h * p.lse_sh + i] = acc;
+    if constexpr (!DETERMINISTIC) {
+        float* z = p.dq_accum + ((long long)row * p.heads_q + h) * DQK;
+        for (int c = lane * 8; c < DQK; c += 256) {
+            const f32x4 zero = { 0.f, 0.f, 0.f, 0.f };
+            *reinterpret_cast<f32x4*>(z + c) = zero;
+            *reinterpret_cast<f32x4*>(z + c + 4) = zero;
+        }
+    }
+}
+
+
+// ---- _dq_convert (fast mode): dQ = scale * dq_accum ----------------------------
+
+extern "C" __global__ void __launch_bounds__(ROW_WARPS * 32)
+attnforge_bwd_bf16_d128_causal_br_dense_sm90a_dq_convert(const BwdParams p) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long idx = (long long)blockIdx.x * ROW_WARPS + warp;   // (row, head) pair
+    if (idx >= (long long)p.rows * p.heads_q) return;
+    const int row = (int)(idx / p.heads_q), h = (int)(idx % p.heads_q);
+    int b = 0, i = row;
+    if constexpr (!IS_THD) {
+        b = row / p.seqlen_q;
+        i = row % p.seqlen_q;
+    }
+    const float* src = p.dq_accum + ((long long)row * p.heads_q + h) * DQK;
+    elem_t* dst = p.dq + b * p.dq_sb + (long long)i * p.dq_ss + h * p.dq_sh;
+    for (int c = lane * 8; c < D_QK; c += 256) {
+        const f32x4 x = *reinterpret_cast<const f32x4*>(src + c);
+        const f32x4 y = *reinterpret_cast<const f32x4*>(src + c + 4);
+        const float s = p.scale;
+        u32x4 out;
+        out.x = pack2(x.x * s, x.y * s);
+        out.y = pack2(x.z * s, x.w * s);
+        out.z = pack2(y.x * s, y.y * s);
+        out.w = pack2(y.z * s, y.w * s);
+        *reinterpret_cast<u32x4*>(dst + c) = out;
+    }
+}
+
+
+
+// Shared memory from a 1024-byte aligned base. Tiles are stored as 64-column
+// chunks, chunk c of an R-row tile at c * R * 128 bytes, 16-byte unit u of row
+// r at unit u ^ (r % 8): the 128-byte swizzle.
+constexpr unsigned K_BYTES = BLOCK_N * 128 * QK_CHUNKS;
+constexpr unsigned V_BYTES = BLOCK_N * 128 * V_CHUNKS;
+constexpr unsigned Q_BYTES = BLOCK_M * 128 * QK_CHUNKS;   // per stage (2)
+constexpr unsigned DO_BYTES = BLOCK_M * 128 * V_CHUNKS;   // per stage (2)
+constexpr unsigned DS_BYTES = BLOCK_N * 128;              // dS^T: [kv row][64 query columns]
+constexpr unsigned OFF_V = K_BYTES;
+constexpr unsigned OFF_Q = OFF_V + V_BYTES;
+constexpr unsigned OFF_DO = OFF_Q + 2 * Q_BYTES;
+constexpr unsigned OFF_DS = OFF_DO + 2 * DO_BYTES;
+constexpr unsigned OFF_ROWS = OFF_DS + DS_BYTES;          // LSE*log2(e) [2][BLOCK_M], Dsum [2][BLOCK_M]
+
+// Copy ROWS x (64 * CHUNKS) elements (global row pitch `stride`) into the
+// swizzled layout with cp.async; rows >= valid_rows and columns >= d_real read
+// as zeros.
+template <int ROWS, int CHUNKS>
+__device__ __forceinline__ void load_sw128(unsigned dst, const elem_t* g, long long stride, int valid_rows,
+                                           int d_real, int tid) {
+    constexpr int UNITS = ROWS * CHUNKS * 8;
+    static_assert(UNITS % THREADS == 0, "whole passes");
+#pragma unroll
+    for (int k = 0; k < UNITS / THREADS; ++k) {
+        const int i = tid + k * THREADS;
+        const int r = i / (CHUNKS * 8), c = (i / 8) % CHUNKS, u = i % 8;
+        const int col = c * 64 + u * 8;
+        const bool ok = r < valid_rows && col < d_real;
+        const elem_t* src = ok ? g + r * stride + col : g;
+        cp_async_16(dst + c * ROWS * 128 + r * 128 + ((u ^ (r & 7)) << 4), src, ok ? 16 : 0);
+    }
+}
+
+// Make this thread's generic-proxy shared-memory writes (cp.async, st.shared)
+// visible to the async proxy that wgmma reads through (before a barrier).
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// S^T or dP^T (64 x 64) += A (64 x 16) B^T: both operands K-major in shared memory.
+__device__ __forceinline__ void wgmma_kk(float (&d)[8][4], unsigned long long ad, unsigned long long bd, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16\n"
+        "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 },\n"
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(ad), "l"(bd), "r"(acc));
+}
+
+// dV or dK (64 x D) += A (64 x 16, registers) B (16 x D), B read MN-major.
+template <int D>
+__device__ __forceinline__ void wgmma_rs(float (&d)[D / 8][4], const unsigned (&a)[4], unsigned long long bd);
+
+template <>
+__device__ __forceinline__ void wgmma_rs<128>(float (&d)[128 / 8][4], const unsigned (&a)[4], unsigned long long bd) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+        "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 },\n"
+        "{ %64, %65, %66, %67 }, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bd), "r"(1));
+}
+
+// dQ (64 x 64) += A (64 x 16) B (16 x 64): A = dS read from dS^T (MN-major),
+// B = K read MN-major; both from shared memory.
+__device__ __forceinline__ void wgmma_tt(float (&d)[8][4], unsigned long long ad, unsigned long long bd, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16\n"
+        "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 },\n"
+        "%32, %33, p, 1, 1, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(ad), "l"(bd), "r"(acc));
+}
+
+// The accumulator of two adjacent 8-column tiles as the A fragment of one
+// 16-deep k-step (the m16n8 accumulator layout is the A fragment layout).
+template <int N>
+__device__ __forceinline__ void pack_frags(unsigned (&a)[N / 16][4], const float (&x)[N / 8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; ++kk) {
+        a[kk][0] = pack2(x[2 * kk][0], x[2 * kk][1]);
+        a[kk][1] = pack2(x[2 * kk][2], x[2 * kk][3]);
+        a[kk][2] = pack2(x[2 * kk + 1][0], x[2 * kk + 1][1]);
+        a[kk][3] = pack2(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+attnforge_bwd_bf16_d128_causal_br_dense_sm90a(const BwdParams p) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+    const unsigned sK = base, sV = base + OFF_V, sQ = base + OFF_Q, sdO = base + OFF_DO, sdS = base + OFF_DS;
+    float* sRows = reinterpret_cast<float*>(smem_raw + (base + OFF_ROWS - smem_addr(smem_raw)));
+    float* sLse = sRows;                                 // [2][BLOCK_M]
+    float* sDsum = sRows + 2 * BLOCK_M;                  // [2][BLOCK_M]
+
+    const int tid = threadIdx.x, lane = tid % 32;
+    const int wg = tid / 128, wl = (tid / 32) % 4;       // warpgroup; warp within it
+    const int g = lane / 4, t = lane % 4;
+    const int b = blockIdx.x / p.heads_kv, hk = blockIdx.x % p.heads_kv;
+    const int n0 = blockIdx.y * BLOCK_N;
+    const SeqInfo si = seq_info(p, b);
+    const int sq = si.sq, sk = si.sk;
+    if (n0 >= sk) return;                                // whole block uniform
+
+    const RowWindow win{sq, sk, p.window_left, p.window_right};
+    const int n_last = min(n0 + BLOCK_N, sk) - 1;
+    const int i_first = first_row_seeing(sq, sk, p.window_right, n0);
+    const int i_last = last_row_seeing(sq, sk, p.window_left, n_last);
+    const int m_begin = i_first / BLOCK_M;
+    const int n_mt = i_last >= i_first ? i_last / BLOCK_M - m_begin + 1 : 0;
+    const int n_iters = n_mt * p.gqa_ratio;              // (query head of the group, query tile)
+
+    const elem_t* gK = p.k + b * p.k_sb + (long long)(si.k_off + n0) * p.k_ss + hk * p.k_sh;
+    const elem_t* gV = p.v + b * p.v_sb + (long long)(si.k_off + n0) * p.v_ss + hk * p.v_sh;
+
+    // Stage the query tile of iteration `it` (Q, dO, LSE, Dsum) into buffer `buf`.
+    auto load_q_tile = [&](int it, int buf) {
+        const int h = hk * p.gqa_ratio + it / n_mt;
+        const int m0 = (m_begin + it % n_mt) * BLOCK_M;
+        const long long row0 = si.q_off + m0;
+        load_sw128<BLOCK_M, QK_CHUNKS>(sQ + buf * Q_BYTES, p.q + b * p.q_sb + row0 * p.q_ss + h * p.q_sh, p.q_ss,
+                                       sq - m0, D_QK, tid);
+        load_sw128<BLOCK_M, V_CHUNKS>(sdO + buf * DO_BYTES, p.dout + b * p.do_sb + row0 * p.do_ss + h * p.do_sh,
+                                      p.do_ss, sq - m0, D_V, tid);
+        if (tid < BLOCK_M) {
+            const int i = m0 + tid;
+            float lse2 = POS_INF, dsum = 0.f;
+            if (i < sq) {
+                const long long li = b * p.lse_sb + h * p.lse_sh + si.q_off + i;
+                const float l = p.lse[li];
+                if (l != NEG_INF) lse2 = l * LOG2E;
+                dsum = p.dsum[li];
+            }
+            sLse[buf * BLOCK_M + tid] = lse2;
+            sDsum[buf * BLOCK_M + tid] = dsum;
+        }
+    };
+
+    // dK and dV of this warpgroup's 64 kv rows, for the whole block.
+    float acc_dk[DQK / 8][4], acc_dv[DV / 8][4];
+#pragma unroll
+    for (int j = 0; j < DQK / 8; ++j) acc_dk[j][0] = acc_dk[j][1] = acc_dk[j][2] = acc_dk[j][3] = 0.f;
+#pragma unroll
+    for (int j = 0; j < DV / 8; ++j) acc_dv[j][0] = acc_dv[j][1] = acc_dv[j][2] = acc_dv[j][3] = 0.f;
+
+    if (n_iters > 0) {
+        load_sw128<BLOCK_N, QK_CHUNKS>(sK, gK, p.k_ss, sk - n0, D_QK, tid);
+        load_sw128<BLOCK_N, V_CHUNKS>(sV, gV, p.v_ss, sk - n0, D_V, tid);
+        load_q_tile(0, 0);
+        cp_async_commit();
+    }
+    const unsigned k_rows = sK + wg * 64 * 128, v_rows = sV + wg * 64 * 128;   // this warpgroup's K_w, V_w
+    const int row_w = 16 * wl + g;                       // this thread's kv rows: row_w, row_w + 8 (of 64)
+
+    for (int it = 0; it < n_iters; ++it) {
+        const int buf = it & 1;
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();                                 // tile `it` landed; buffer buf ^ 1 is free
+        if (it + 1 < n_iters) {
+            load_q_tile(it + 1, buf ^ 1);                // prefetch under this tile's products
+            cp_async_commit();
+        }
+        const int h = hk * p.gqa_ratio + it / n_mt;
+        const int m0 = (m_begin + it % n_mt) * BLOCK_M;
+        const unsigned q_t = sQ + buf * Q_BYTES, do_t = sdO + buf * DO_BYTES;
+        // Opaque copies of the loop-invariant bases: otherwise ptxas hoists
+        // every K, V, dS^T descriptor (two registers each) out of the loop,
+        // next to 128 f32 of dK/dV, and spills; rebuilt per tile they cost a
+        // few integer ops.
+        unsigned kw = k_rows, vw = v_rows, kb = sK, dsb = sdS;
+        asm volatile("" : "+r"(kw), "+r"(vw), "+r"(kb), "+r"(dsb));
+        const float* lse2_t = sLse + buf * BLOCK_M;
+        const float* dsum_t = sDsum + buf * BLOCK_M;
+
+        // S^T = K_w Q^T first; P^T from it; then dP^T = V_w dO^T and dV += P^T dO
+        // together. S^T and dP^T are never live at once (with dK and dV's 128
+        // f32 at d128 they would not fit the registers): P^T waits as
+        // element-type fragments, which are also the A operand of dV's product.
+        float acc_s[8][4];
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < DQK / 16; ++ks) {
+            const unsigned off = (ks % 4) * 32;
+            wgmma_kk(acc_s, sw128_desc(kw + (ks / 4) * BLOCK_N * 128 + off, 16),
+                     sw128_desc(q_t + (ks / 4) * BLOCK_M * 128 + off, 16), ks > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+
+        // P^T: rows are keys n0 + 64 wg + row_w (+8), columns query rows m0 + 8 j + 2 t (+1).
+        unsigned pa[4][4];
+
+        {
+            const int m_last = min(m0 + BLOCK_M, sq) - 1;
+            const bool edge = (n0 + BLOCK_N > sk) || (MASK_KIND != 0 &&
+                (win.key_lo(m_last) > n0 || win.key_hi(m0) < n0 + BLOCK_N - 1));
+
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+#pragma unroll
+                for (int e1 = 0; e1 < 2; ++e1) {
+                    const int ci = 8 * j + 2 * t + e1;   // query row within the tile
+                    const float lse2 = lse2_t[ci];
+                    const int lo = win.key_lo(m0 + ci), hi = win.key_hi(m0 + ci);
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const int e = 2 * r + e1;
+                        const int key = n0 + 64 * wg + row_w + 8 * r;
+                        const bool vis = !edge || (key >= lo && key <= hi);
+
+                        acc_s[j][e] = vis ? fast_exp2(acc_s[j][e] * p.scale_log2 - lse2) : 0.f;
+
+                    }
+                }
+            }
+
+        }
+        pack_frags<64>(pa, acc_s);
+
+        // dP^T = V_w dO^T and dV += P^T dO, one commit group.
+        float acc_dp[8][4];
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < DV / 16; ++ks) {
+            const unsigned off = (ks % 4) * 32;
+            wgmma_kk(acc_dp, sw128_desc(vw + (ks / 4) * BLOCK_N * 128 + off, 16),
+                     sw128_desc(do_t + (ks / 4) * BLOCK_M * 128 + off, 16), ks > 0);
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) wgmma_rs<DV>(acc_dv, pa[kk], sw128_desc(do_t + kk * 16 * 128, BLOCK_M * 128));
+        wgmma_commit();
+        wgmma_wait<0>();
+
+        // dS^T = P^T (dP^T - Dsum) (softcap: times 1 - tanh^2), from the packed P^T.
+        unsigned dsa[4][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e1 = 0; e1 < 2; ++e1) {
+                const float dsum = dsum_t[8 * j + 2 * t + e1];
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int e = 2 * r + e1;
+                    const unsigned pw = pa[j / 2][(j & 1) * 2 + r];
+                    const float pr = elem_to_f32((elem_t)(e1 ? pw >> 16 : pw & 0xffffu));
+
+                    acc_dp[j][e] = pr * (acc_dp[j][e] - dsum);
+
+                }
+            }
+        }
+        pack_frags<64>(dsa, acc_dp);
+
+        // dK += dS^T Q (runs while dS^T is stored).
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) wgmma_rs<DQK>(acc_dk, dsa[kk], sw128_desc(q_t + kk * 16 * 128, BLOCK_M * 128));
+        wgmma_commit();
+
+        // dS^T into shared memory ([kv row][query column], swizzled): 4-byte
+        // stores, the eight rows g of a warp on distinct 16-byte units.
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int row = 64 * wg + row_w + 8 * r;
+                const unsigned addr = dsb + row * 128 + ((j ^ (row & 7)) << 4) + 4 * t;
+                asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(dsa[j / 2][(j & 1) * 2 + r]) : "memory");
+            }
+        }
+        fence_proxy_async();
+        if constexpr (DQ_SPLIT_N) {
+            named_bar_sync(1, THREADS);                  // both warpgroups' dS^T rows
+        } else {
+            named_bar_sync(1 + wg, 128);                 // this warpgroup's own rows
+        }
+
+        // dQ (64 x DQ_N) = dS K over this warpgroup's share.
+        float acc_dq[8][4];
+        constexpr int DQ_KSTEPS = DQ_SPLIT_N ? BLOCK_N / 16 : 4;
+        const int kv0 = DQ_SPLIT_N ? 0 : 64 * wg;        // first kv row of the k range
+        const int c0 = DQ_SPLIT_N ? 64 * wg : 0;         // first dQ column
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < DQ_KSTEPS; ++kk) {
+            const int kv = kv0 + 16 * kk;
+            wgmma_tt(acc_dq, sw128_desc(dsb + kv * 128, BLOCK_N * 128),
+                     sw128_desc(kb + (c0 / 64) * BLOCK_N * 128 + kv * 128, BLOCK_N * 128), kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+
+        // dq_accum += dQ: lanes t = 2k, 2k + 1 swap halves so that each holds four
+        // consecutive columns of one row (16-byte reductions).
+        {
+            const long long acc_row0 = IS_THD ? (long long)si.q_off + m0 : (long long)b * p.seqlen_q + m0;
+            float* gacc = p.dq_accum + (acc_row0 * p.heads_q + h) * DQK + c0;
+            const long long row_pitch = (long long)p.heads_q * DQK;
+            const bool odd = t & 1;
+            const int row = 16 * wl + g + (odd ? 8 : 0);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const float* a = acc_dq[j];
+                const float x0 = __shfl_xor_sync(0xffffffffu, odd ? a[0] : a[2], 1);
+                const float x1 = __shfl_xor_sync(0xffffffffu, odd ? a[1] : a[3], 1);
+                if (m0 + row < sq) {
+                    float* dst = gacc + row * row_pitch + j * 8 + 4 * (t >> 1);
+                    if (odd) red_add_f32x4(dst, x0, x1, a[2], a[3]);
+                    else red_add_f32x4(dst, a[0], a[1], x0, x1);
+                }
+            }
+        }
+        __syncthreads();                                 // dS^T and buffer `buf` are rewritten next
+    }
+
+    // Epilogue: dK (times scale) and dV of this warpgroup's rows, in the element type.
+    const long long kv_row0 = si.k_off + n0 + 64 * wg;
+    const int valid = sk - n0 - 64 * wg;
+    store_acc<1, DQK / 8>(p.dk + b * p.dk_sb + kv_row0 * p.dk_ss + hk * p.dk_sh, p.dk_ss,
+                          *reinterpret_cast<const float (*)[1][DQK / 8][4]>(&acc_dk), 16 * wl, 0, valid, D_QK,
+                          p.scale, lane);
+    store_acc<1, DV / 8>(p.dv + b * p.dv_sb + kv_row0 * p.dv_ss + hk * p.dv_sh, p.dv_ss,
+                         *reinterpret_cast<const float (*)[1][DV / 8][4]>(&acc_dv), 16 * wl, 0, valid, D_V, 1.f,
+                         lane);
+}
