@@ -192,11 +192,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     if (n0 >= sk) return;                                // whole block uniform
 
     const RowWindow win{sq, sk, p.window_left, p.window_right};
-    const int n_last = min(n0 + BLOCK_N, sk) - 1;
-    const int i_first = first_row_seeing(sq, sk, p.window_right, n0);
-    const int i_last = last_row_seeing(sq, sk, p.window_left, n_last);
-    const int m_begin = i_first / BLOCK_M;
-    const int n_mt = i_last >= i_first ? i_last / BLOCK_M - m_begin + 1 : 0;
+    const QueryTiles qt = query_tiles_seeing(sq, sk, p.window_left, p.window_right, n0, BLOCK_N, BLOCK_M);
+    const int m_begin = qt.first, n_mt = qt.count;
     const int n_iters = n_mt * p.gqa_ratio;              // (query head of the group, query tile)
 
     const elem_t* gK = p.k + b * p.k_sb + (long long)(si.k_off + n0) * p.k_ss + hk * p.k_sh;

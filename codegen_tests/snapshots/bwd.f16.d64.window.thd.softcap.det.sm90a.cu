@@ -265,6 +265,22 @@ __device__ __forceinline__ int last_row_seeing(int sq, int sk, int left, int key
     return (int)(i < -1 ? -1 : i);
 }
 
+// The query tiles (of `block_m` rows) whose rows see at least one key of the
+// kv block [n0, min(n0 + block_n, sk)): the first tile and how many (0: none).
+struct QueryTiles {
+    int first, count;
+};
+__device__ __forceinline__ QueryTiles query_tiles_seeing(int sq, int sk, int left, int right, int n0, int block_n,
+                                                         int block_m) {
+    const int n_last = min(n0 + block_n, sk) - 1;
+    const int i_first = first_row_seeing(sq, sk, right, n0);
+    const int i_last = last_row_seeing(sq, sk, left, n_last);
+    QueryTiles q;
+    q.first = i_first / block_m;
+    q.count = i_last >= i_first ? i_last / block_m - q.first + 1 : 0;
+    return q;
+}
+
 // Store a warp's accumulator tile (rows r0.., columns c0..) times `mul` to global
 // memory (row pitch `stride`) in the element type: rows < valid_rows, columns < d_real.
 template <int MT, int NT>
@@ -481,11 +497,8 @@ attnforge_bwd_f16_d64_window_thd_softcap_det_sm90a(const BwdParams p) {
     if (n0 >= sk) return;                                // whole block uniform
 
     const RowWindow win{sq, sk, p.window_left, p.window_right};
-    const int n_last = min(n0 + BLOCK_N, sk) - 1;
-    const int i_first = first_row_seeing(sq, sk, p.window_right, n0);
-    const int i_last = last_row_seeing(sq, sk, p.window_left, n_last);
-    const int m_begin = i_first / BLOCK_M;
-    const int n_mt = i_last >= i_first ? i_last / BLOCK_M - m_begin + 1 : 0;
+    const QueryTiles qt = query_tiles_seeing(sq, sk, p.window_left, p.window_right, n0, BLOCK_N, BLOCK_M);
+    const int m_begin = qt.first, n_mt = qt.count;
     const int n_iters = n_mt * p.gqa_ratio;              // (query head of the group, query tile)
 
     const elem_t* gK = p.k + b * p.k_sb + (long long)(si.k_off + n0) * p.k_ss + hk * p.k_sh;

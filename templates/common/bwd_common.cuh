@@ -101,6 +101,22 @@ __device__ __forceinline__ int last_row_seeing(int sq, int sk, int left, int key
     return (int)(i < -1 ? -1 : i);
 }
 
+// The query tiles (of `block_m` rows) whose rows see at least one key of the
+// kv block [n0, min(n0 + block_n, sk)): the first tile and how many (0: none).
+struct QueryTiles {
+    int first, count;
+};
+__device__ __forceinline__ QueryTiles query_tiles_seeing(int sq, int sk, int left, int right, int n0, int block_n,
+                                                         int block_m) {
+    const int n_last = min(n0 + block_n, sk) - 1;
+    const int i_first = first_row_seeing(sq, sk, right, n0);
+    const int i_last = last_row_seeing(sq, sk, left, n_last);
+    QueryTiles q;
+    q.first = i_first / block_m;
+    q.count = i_last >= i_first ? i_last / block_m - q.first + 1 : 0;
+    return q;
+}
+
 // Store a warp's accumulator tile (rows r0.., columns c0..) times `mul` to global
 // memory (row pitch `stride`) in the element type: rows < valid_rows, columns < d_real.
 template <int MT, int NT>
