@@ -385,6 +385,18 @@ fn main() {
                     row["bwd_tflops"] = btf.into();
                     row["bwd_template"] = bk.plan.template.file().into();
                 }
+                // The wgmma backward's `pin_frags` option (not yet the default) on the same problem.
+                if let Ok(plan) = attnforge::plan::plan_bwd::plan_bwd_sm90a_with(&bspec, true) {
+                    match attnforge::jit::build_plan(plan) {
+                        Ok(kp) => {
+                            let msp = time_bwd(&kp);
+                            let tfp = 2.5 * flops / msp / 1e9;
+                            println!("{bspec:<40} b={b:<3} h={h:<3} s={s:<6} {msp:8.3} ms {tfp:7.1} TFLOP/s (bwd_sm90a.cu, pinned P fragments)");
+                            row["bwd_sm90a_pinned_tflops"] = tfp.into();
+                        }
+                        Err(e) => println!("{bspec}: pinned build failed: {e}"),
+                    }
+                }
                 // The sm80 instruction path on the same problem, where the planner took the wgmma backward.
                 if row.get("bwd_template").and_then(|t| t.as_str()) != Some(attnforge::plan::Template::BwdSm80.file()) {
                     if let Some(plan) = attnforge::plan::plan_bwd::plan_bwd_sm80(&bspec) {

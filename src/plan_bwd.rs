@@ -80,6 +80,11 @@ pub struct BwdPlan {
     /// this many f32 accumulators per thread per array (fewer live registers
     /// next to the dK/dV accumulators; a chunk re-reads its A operand).
     pub acc_chunk: u32,
+    /// sm90a wgmma backward only: materialize the Pᵀ fragments before the
+    /// wgmma fence of dV's products (no compiler-injected `warpgroup.arrive`);
+    /// an option until the H200 has timed it.
+    #[serde(default)]
+    pub pin_frags: bool,
 }
 
 /// Entry symbols of a backward CUBIN, derived from `KernelPlan::entry`.
@@ -412,6 +417,7 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>) -> Option<Ke
         dq_smem: dq_smem_bytes,
         row_warps: ROW_WARPS,
         acc_chunk: main.acc_chunk,
+        pin_frags: false,
     };
     Some(KernelPlan {
         spec: *spec,
@@ -458,6 +464,11 @@ pub const SM90A_BWD_BLOCK_N: u32 = 128;
 /// sm80 path at d128, 1.0–1.2× FlashAttention-2; ±5% of the sm80 path at
 /// d64 under a mask, +14–16% without.
 pub fn plan_bwd_sm90a(spec: &AttnSpec) -> Result<KernelPlan, String> {
+    plan_bwd_sm90a_with(spec, false)
+}
+
+/// [`plan_bwd_sm90a`] with the `pin_frags` option (see [`BwdPlan::pin_frags`]).
+pub fn plan_bwd_sm90a_with(spec: &AttnSpec, pin_frags: bool) -> Result<KernelPlan, String> {
     if spec.arch != Arch::Sm90a {
         return Err("the wgmma backward needs sm90a".into());
     }
@@ -499,6 +510,9 @@ pub fn plan_bwd_sm90a(spec: &AttnSpec) -> Result<KernelPlan, String> {
         }
     ));
     reasons.push("fast: dQ accumulated in an f32 workspace with red.global.add, then converted".into());
+    if pin_frags {
+        reasons.push("Pᵀ fragments materialized before dV's wgmma fence (no injected warpgroup.arrive)".into());
+    }
     let bwd = BwdPlan {
         block_m: SM90A_BWD_BLOCK_M,
         block_n: SM90A_BWD_BLOCK_N,
@@ -517,6 +531,7 @@ pub fn plan_bwd_sm90a(spec: &AttnSpec) -> Result<KernelPlan, String> {
         dq_smem: 0,
         row_warps: ROW_WARPS,
         acc_chunk: 0,
+        pin_frags,
     };
     Ok(KernelPlan {
         spec: *spec,

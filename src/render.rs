@@ -191,6 +191,7 @@ struct BwdSm90aContext {
     is_thd: bool,
     softcap: bool,
     row_warps: u32,
+    pin_frags: bool,
 }
 
 /// Mask kind as the templates number it (see `templates/common/mask.cuh`).
@@ -272,6 +273,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
                 is_thd: spec.layout == Layout::Thd,
                 softcap: spec.softcap,
                 row_warps: b.row_warps,
+                pin_frags: b.pin_frags,
             })
             .map_err(ctx_err)?
         }
@@ -423,6 +425,21 @@ mod tests {
             }
             assert!(r.source.contains(&format!("constexpr bool DETERMINISTIC = {det};")));
         }
+    }
+
+    #[test]
+    fn sm90a_backward_pin_option_reaches_the_source() {
+        use crate::plan::plan_bwd::plan_bwd_sm90a_with;
+        let spec: AttnSpec = "bwd.bf16.d128.causal-br.dense.sm90a".parse().unwrap();
+        let src = |pin| render(&plan_bwd_sm90a_with(&spec, pin).unwrap()).unwrap().source;
+        let (plain, pinned) = (src(false), src(true));
+        assert_eq!(plain.matches("pin_frags(pa);").count(), 0);
+        assert_eq!(pinned.matches("pin_frags(pa);").count(), 1);
+        assert_eq!(
+            render(&plan(&spec).unwrap()).unwrap().source,
+            plain,
+            "the planner's form is unpinned"
+        );
     }
 
     #[test]

@@ -137,6 +137,16 @@ __device__ __forceinline__ void pack_frags(unsigned (&a)[N / 16][4], const float
     }
 }
 
+// Materialize register-A fragments before the wgmma fence that follows (plan
+// option `pin_frags`): left to itself, ptxas sinks the packing of P^T past
+// the fence, to just before each register-A wgmma of dV, and injects a
+// warpgroup.arrive there (C7519), which serializes those issues.
+__device__ __forceinline__ void pin_frags(unsigned (&a)[4][4]) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+        asm volatile("" : "+r"(a[kk][0]), "+r"(a[kk][1]), "+r"(a[kk][2]), "+r"(a[kk][3]));
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {{ entry }}(const BwdParams p) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -277,7 +287,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% endif %}
         }
         pack_frags<64>(pa, acc_s);
-
+{% if pin_frags %}
+        pin_frags(pa);
+{% endif %}
         // dP^T = V_w dO^T and dV += P^T dO, one commit group.
         float acc_dp[8][4];
         wgmma_fence();

@@ -830,17 +830,19 @@ fn gpu_backward_matches_f64_reference() {
     let mut failed = 0;
     let mut seen = Vec::new();
     // Every case the planner gives the wgmma backward also runs on the sm80
-    // instruction path, so that one H200 run checks both templates.
+    // instruction path and on the wgmma backward's `pin_frags` option, so
+    // that one H200 run checks every form.
     let mut runs: Vec<(&Case, AttnSpec, Option<attnforge::CompiledKernel>)> = Vec::new();
     for (c, spec) in &todo {
         runs.push((c, *spec, None));
         if attnforge::plan::plan_bwd::plan_bwd_sm90a(spec).is_ok() {
-            let built = attnforge::plan::plan_bwd::plan_bwd_sm80(spec)
-                .ok_or_else(|| "no sm80-path plan".to_string())
-                .and_then(|plan| attnforge::jit::build_plan(plan).map_err(|e| e.to_string()));
-            match built {
-                Ok(k) => runs.push((c, *spec, Some(k))),
-                Err(e) => eprintln!("gpu_bwd: build {spec} (bwd_sm80.cu): {e}"),
+            let sm80 = attnforge::plan::plan_bwd::plan_bwd_sm80(spec).ok_or_else(|| "no sm80-path plan".to_string());
+            let pinned = attnforge::plan::plan_bwd::plan_bwd_sm90a_with(spec, true);
+            for plan in [sm80, pinned] {
+                match plan.and_then(|plan| attnforge::jit::build_plan(plan).map_err(|e| e.to_string())) {
+                    Ok(k) => runs.push((c, *spec, Some(k))),
+                    Err(e) => eprintln!("gpu_bwd: build {spec} (an alternative form): {e}"),
+                }
             }
         }
     }
@@ -849,6 +851,7 @@ fn gpu_backward_matches_f64_reference() {
         let t0 = std::time::Instant::now();
         let out = run_case(c, *spec, kernel.as_ref(), &mut rng);
         let template = match kernel {
+            Some(k) if k.plan.bwd.as_ref().is_some_and(|b| b.pin_frags) => "bwd_sm90a.cu pinned P fragments",
             Some(k) => k.plan.template.file(),
             None => attnforge::plan(spec).map_or("?", |p| p.template.file()),
         };
