@@ -385,16 +385,39 @@ fn main() {
                     row["bwd_tflops"] = btf.into();
                     row["bwd_template"] = bk.plan.template.file().into();
                 }
-                // The wgmma backward's `pin_frags` option (not yet the default) on the same problem.
-                if let Ok(plan) = attnforge::plan::plan_bwd::plan_bwd_sm90a_with(&bspec, true) {
+                // The wgmma backward's options (not yet defaults) on the same problem:
+                // pinned P fragments, and 128-row query tiles (d <= 64).
+                use attnforge::plan::plan_bwd::{plan_bwd_sm90a_with, Sm90aBwdOptions};
+                let options = [
+                    (
+                        "bwd_sm90a_pinned_tflops",
+                        "pinned P fragments",
+                        Sm90aBwdOptions {
+                            pin_frags: true,
+                            ..Default::default()
+                        },
+                    ),
+                    (
+                        "bwd_sm90a_tall_tflops",
+                        "128-row query tiles",
+                        Sm90aBwdOptions {
+                            tall_query_tiles: true,
+                            ..Default::default()
+                        },
+                    ),
+                ];
+                for (field, what, opts) in options {
+                    let Ok(plan) = plan_bwd_sm90a_with(&bspec, opts) else {
+                        continue;
+                    };
                     match attnforge::jit::build_plan(plan) {
                         Ok(kp) => {
                             let msp = time_bwd(&kp);
                             let tfp = 2.5 * flops / msp / 1e9;
-                            println!("{bspec:<40} b={b:<3} h={h:<3} s={s:<6} {msp:8.3} ms {tfp:7.1} TFLOP/s (bwd_sm90a.cu, pinned P fragments)");
-                            row["bwd_sm90a_pinned_tflops"] = tfp.into();
+                            println!("{bspec:<40} b={b:<3} h={h:<3} s={s:<6} {msp:8.3} ms {tfp:7.1} TFLOP/s (bwd_sm90a.cu, {what})");
+                            row[field] = tfp.into();
                         }
-                        Err(e) => println!("{bspec}: pinned build failed: {e}"),
+                        Err(e) => println!("{bspec}: {what} build failed: {e}"),
                     }
                 }
                 // The sm80 instruction path on the same problem, where the planner took the wgmma backward.

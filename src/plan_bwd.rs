@@ -447,9 +447,9 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>) -> Option<Ke
 /// Shared memory of the sm90a backward's main kernel: K and V once, Q and dO
 /// twice, dSᵀ, each as 64-column (128-byte) swizzled chunks; LSE and Dsum
 /// twice; 1 KB to align the base to the swizzle period.
-pub fn sm90a_main_smem(dqk: u32, dv: u32) -> u32 {
-    let (block_m, block_n) = (SM90A_BWD_BLOCK_M, SM90A_BWD_BLOCK_N);
-    2 * (block_n * (dqk + dv) + 2 * block_m * (dqk + dv) + block_n * 64) + 4 * 4 * block_m + 1024
+pub fn sm90a_main_smem(block_m: u32, dqk: u32, dv: u32) -> u32 {
+    let block_n = SM90A_BWD_BLOCK_N;
+    2 * (block_n * (dqk + dv) + 2 * block_m * (dqk + dv) + block_n * block_m) + 4 * 4 * block_m + 1024
 }
 
 /// Tiles of the sm90a backward (fixed by its template): 64-row query tiles,
@@ -464,11 +464,26 @@ pub const SM90A_BWD_BLOCK_N: u32 = 128;
 /// sm80 path at d128, 1.0–1.2× FlashAttention-2; ±5% of the sm80 path at
 /// d64 under a mask, +14–16% without.
 pub fn plan_bwd_sm90a(spec: &AttnSpec) -> Result<KernelPlan, String> {
-    plan_bwd_sm90a_with(spec, false)
+    plan_bwd_sm90a_with(spec, Sm90aBwdOptions::default())
 }
 
-/// [`plan_bwd_sm90a`] with the `pin_frags` option (see [`BwdPlan::pin_frags`]).
-pub fn plan_bwd_sm90a_with(spec: &AttnSpec, pin_frags: bool) -> Result<KernelPlan, String> {
+/// The free choices of the wgmma backward (tuning; the defaults are the
+/// planner's, GPU-verified form).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct Sm90aBwdOptions {
+    /// See [`BwdPlan::pin_frags`].
+    pub pin_frags: bool,
+    /// 128-row query tiles (d ≤ 64 only; the warpgroups split dQ's rows);
+    /// false = 64-row tiles.
+    pub tall_query_tiles: bool,
+}
+
+/// [`plan_bwd_sm90a`] with explicit options (see [`Sm90aBwdOptions`]).
+pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<KernelPlan, String> {
+    let Sm90aBwdOptions {
+        pin_frags,
+        tall_query_tiles,
+    } = opts;
     if spec.arch != Arch::Sm90a {
         return Err("the wgmma backward needs sm90a".into());
     }
@@ -488,23 +503,31 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, pin_frags: bool) -> Result<KernelPla
             spec.head_dim_qk, d
         ));
     }
-    let mut reasons = vec![
-        "sm90a: wgmma backward (fast mode), two warpgroups of 64 kv rows, block_n=128, 64-row query tiles; \
+    if tall_query_tiles && d > 64 {
+        return Err(format!(
+            "d={}: 128-row query tiles need d <= 64 (S, dP and dQ per warpgroup)",
+            spec.head_dim_qk
+        ));
+    }
+    let block_m = if tall_query_tiles { 128 } else { SM90A_BWD_BLOCK_M };
+    let mut reasons = vec![format!(
+        "sm90a: wgmma backward (fast mode), two warpgroups of 64 kv rows, block_n=128, {block_m}-row query tiles; \
          measured 1.5-1.7x the sm80 path at d128 on the H200"
-            .to_string(),
-    ];
+    )];
     if d != spec.head_dim_qk as u32 {
         reasons.push(format!(
             "head dim {} padded to {d} in shared memory (64-column chunks; cp.async zero-fills the pad)",
             spec.head_dim_qk
         ));
     }
-    let smem = sm90a_main_smem(d, d);
+    let smem = sm90a_main_smem(block_m, d, d);
     reasons.push(format!(
         "main: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ from shared memory; dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ, dSᵀ from registers; \
          dQ = dS K {} ; {smem} B shared memory",
         if d == 128 {
             "with the warpgroups splitting dQ's columns"
+        } else if block_m == 128 {
+            "with the warpgroups splitting dQ's rows"
         } else {
             "with each warpgroup over its own kv rows"
         }
@@ -514,7 +537,7 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, pin_frags: bool) -> Result<KernelPla
         reasons.push("Pᵀ fragments materialized before dV's wgmma fence (no injected warpgroup.arrive)".into());
     }
     let bwd = BwdPlan {
-        block_m: SM90A_BWD_BLOCK_M,
+        block_m,
         block_n: SM90A_BWD_BLOCK_N,
         num_warps: 8,
         q_stages: 2,
@@ -537,7 +560,7 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, pin_frags: bool) -> Result<KernelPla
         spec: *spec,
         template: Template::BwdSm90a,
         entry: entry_name(spec),
-        block_m: SM90A_BWD_BLOCK_M,
+        block_m,
         block_n: SM90A_BWD_BLOCK_N,
         num_warps: 8,
         m_tiles_per_warp: 1,
@@ -607,7 +630,10 @@ mod tests {
                     p.head_dim_qk_padded <= 128 && p.head_dim_qk_padded.is_multiple_of(64),
                     "{spec}"
                 );
-                assert_eq!(b.main_smem, sm90a_main_smem(p.head_dim_qk_padded, p.head_dim_v_padded));
+                assert_eq!(
+                    b.main_smem,
+                    sm90a_main_smem(64, p.head_dim_qk_padded, p.head_dim_v_padded)
+                );
                 assert!(b.main_smem <= spec.arch.max_smem_per_block(), "{spec}");
                 assert_eq!((b.block_m, b.block_n, b.num_warps), (64, 128, 8));
                 continue;

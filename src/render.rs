@@ -181,10 +181,10 @@ struct BwdSm90aContext {
     d_v: u16,
     d_qk_pad: u32,
     d_v_pad: u32,
-    /// dQ columns per warpgroup, and whether the warpgroups split dQ's
-    /// columns (else each covers its own kv rows).
+    /// dQ columns per warpgroup, and how the warpgroups share dQ: 0 = each
+    /// over its own kv rows, 1 = dQ's columns, 2 = dQ's rows.
     dq_n: u32,
-    dq_split_n: bool,
+    dq_split: u32,
     /// The N of the register-A wgmma products (dK, dV), once each.
     rs_ns: Vec<u32>,
     mask_kind: u32,
@@ -267,7 +267,11 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
                 d_qk_pad: dqk,
                 d_v_pad: dv,
                 dq_n: 64,
-                dq_split_n: dqk == 128,
+                dq_split: match (dqk, b.block_m) {
+                    (128, _) => 1,
+                    (_, 128) => 2,
+                    _ => 0,
+                },
                 rs_ns,
                 mask_kind: mask_kind(spec.mask),
                 is_thd: spec.layout == Layout::Thd,
@@ -429,9 +433,15 @@ mod tests {
 
     #[test]
     fn sm90a_backward_pin_option_reaches_the_source() {
-        use crate::plan::plan_bwd::plan_bwd_sm90a_with;
+        use crate::plan::plan_bwd::{plan_bwd_sm90a_with, Sm90aBwdOptions};
         let spec: AttnSpec = "bwd.bf16.d128.causal-br.dense.sm90a".parse().unwrap();
-        let src = |pin| render(&plan_bwd_sm90a_with(&spec, pin).unwrap()).unwrap().source;
+        let src = |pin_frags| {
+            let opts = Sm90aBwdOptions {
+                pin_frags,
+                ..Default::default()
+            };
+            render(&plan_bwd_sm90a_with(&spec, opts).unwrap()).unwrap().source
+        };
         let (plain, pinned) = (src(false), src(true));
         assert_eq!(plain.matches("pin_frags(pa);").count(), 0);
         assert_eq!(pinned.matches("pin_frags(pa);").count(), 1);

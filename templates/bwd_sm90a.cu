@@ -16,8 +16,9 @@
 //   P^T in registers, kept as bf16/f16 fragments; then dP^T and dS^T
 //   dV_w += P^T dO,  dK_w += dS^T Q          wgmma, A = P^T / dS^T fragments from
 //                                            registers, B = dO / Q read MN-major
-//   dS^T -> shared memory; dQ (64 x {{ dq_n }} per warpgroup) = dS K over {% if dq_split_n %}all 128 kv rows,
-//   the warpgroups splitting dQ's columns{% else %}the warpgroup's own 64 kv rows,
+//   dS^T -> shared memory; dQ (64 x {{ dq_n }} per warpgroup) = dS K over {% if dq_split == 1 %}all 128 kv rows,
+//   the warpgroups splitting dQ's columns{% elif dq_split == 2 %}all 128 kv rows,
+//   the warpgroups splitting dQ's rows{% else %}the warpgroup's own 64 kv rows,
 //   both warpgroups adding into dq_accum{% endif %}; A = dS^T read MN-major, B = K read MN-major.
 // Notation as in bwd_sm80.cu: dS here is dZ / scale; dK and dQ take `scale` at the end.
 
@@ -29,14 +30,20 @@ constexpr int D_V = {{ d_v }};
 constexpr int DQK = {{ d_qk_pad }};                  // padded: 64-column (128-byte) chunks
 constexpr int DV = {{ d_v_pad }};
 constexpr int QK_CHUNKS = DQK / 64, V_CHUNKS = DV / 64;
+constexpr int M_TILES = BLOCK_M / 8;                // 8-column tiles of S^T (query columns)
+constexpr int M_KSTEPS = BLOCK_M / 16;              // k-steps of the products over query rows
 constexpr int DQ_N = {{ dq_n }};                     // dQ columns per warpgroup
-constexpr bool DQ_SPLIT_N = {{ dq_split_n }};         // else: split over kv rows
+// How the warpgroups share dQ = dS K (64 x DQ_N each): 0 = each over its own
+// 64 kv rows (both add the same dQ tile), 1 = split dQ's columns, 2 = split
+// dQ's rows (128-row query tiles).
+constexpr int DQ_SPLIT = {{ dq_split }};
 constexpr int MASK_KIND = {{ mask_kind }};
 constexpr bool IS_THD = {{ is_thd }};
 constexpr bool SOFTCAP = {{ softcap }};
 constexpr bool DETERMINISTIC = false;
 constexpr int ROW_WARPS = {{ row_warps }};           // _pre / _dq_convert: one (token, head) row per warp
-static_assert(BLOCK_M == 64 && BLOCK_N == 128, "two warpgroups of 64 kv rows, 64-row query tiles");
+static_assert((BLOCK_M == 64 || BLOCK_M == 128) && BLOCK_N == 128, "two warpgroups of 64 kv rows");
+static_assert(DQ_SPLIT != 2 || (BLOCK_M == 128 && DQK == 64), "row split: 128-row query tiles at d64");
 static_assert(DQK % 64 == 0 && DV % 64 == 0 && DQ_N == 64, "whole 128-byte chunks");
 
 {% include "common/ptx.cuh" %}
@@ -51,7 +58,7 @@ constexpr unsigned K_BYTES = BLOCK_N * 128 * QK_CHUNKS;
 constexpr unsigned V_BYTES = BLOCK_N * 128 * V_CHUNKS;
 constexpr unsigned Q_BYTES = BLOCK_M * 128 * QK_CHUNKS;   // per stage (2)
 constexpr unsigned DO_BYTES = BLOCK_M * 128 * V_CHUNKS;   // per stage (2)
-constexpr unsigned DS_BYTES = BLOCK_N * 128;              // dS^T: [kv row][64 query columns]
+constexpr unsigned DS_BYTES = BLOCK_N * 128 * (BLOCK_M / 64);   // dS^T: [query chunk][kv row][64 columns]
 constexpr unsigned OFF_V = K_BYTES;
 constexpr unsigned OFF_Q = OFF_V + V_BYTES;
 constexpr unsigned OFF_DO = OFF_Q + 2 * Q_BYTES;
@@ -83,14 +90,14 @@ __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// S^T or dP^T (64 x 64) += A (64 x 16) B^T: both operands K-major in shared memory.
-__device__ __forceinline__ void wgmma_kk(float (&d)[8][4], unsigned long long ad, unsigned long long bd, int acc) {
+// S^T or dP^T (64 x BLOCK_M) += A (64 x 16) B^T: both operands K-major in shared memory.
+__device__ __forceinline__ void wgmma_kk(float (&d)[M_TILES][4], unsigned long long ad, unsigned long long bd, int acc) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.{{ ptx_type }}.{{ ptx_type }}\n"
-        "{ {% for i in range(end=32) %}%{{ i }}{% if not loop.last %}, {% endif %}{% endfor %} },\n"
-        "%32, %33, p, 1, 1, 0, 0;\n}\n"
-        : {% for j in range(end=8) %}"+f"(d[{{ j }}][0]), "+f"(d[{{ j }}][1]), "+f"(d[{{ j }}][2]), "+f"(d[{{ j }}][3]){% if not loop.last %},
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %{{ block_m / 2 + 2 }}, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n{{ block_m }}k16.f32.{{ ptx_type }}.{{ ptx_type }}\n"
+        "{ {% for i in range(end=block_m / 2) %}%{{ i }}{% if not loop.last %}, {% endif %}{% endfor %} },\n"
+        "%{{ block_m / 2 }}, %{{ block_m / 2 + 1 }}, p, 1, 1, 0, 0;\n}\n"
+        : {% for j in range(end=block_m / 8) %}"+f"(d[{{ j }}][0]), "+f"(d[{{ j }}][1]), "+f"(d[{{ j }}][2]), "+f"(d[{{ j }}][3]){% if not loop.last %},
           {% endif %}{% endfor %}
         : "l"(ad), "l"(bd), "r"(acc));
 }
@@ -141,9 +148,9 @@ __device__ __forceinline__ void pack_frags(unsigned (&a)[N / 16][4], const float
 // option `pin_frags`): left to itself, ptxas sinks the packing of P^T past
 // the fence, to just before each register-A wgmma of dV, and injects a
 // warpgroup.arrive there (C7519), which serializes those issues.
-__device__ __forceinline__ void pin_frags(unsigned (&a)[4][4]) {
+__device__ __forceinline__ void pin_frags(unsigned (&a)[M_KSTEPS][4]) {
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
+    for (int kk = 0; kk < M_KSTEPS; ++kk)
         asm volatile("" : "+r"(a[kk][0]), "+r"(a[kk][1]), "+r"(a[kk][2]), "+r"(a[kk][3]));
 }
 
@@ -237,7 +244,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // together. S^T and dP^T are never live at once (with dK and dV's 128
         // f32 at d128 they would not fit the registers): P^T waits as
         // element-type fragments, which are also the A operand of dV's product.
-        float acc_s[8][4];
+        float acc_s[M_TILES][4];
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < DQK / 16; ++ks) {
@@ -249,19 +256,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_wait<0>();
 
         // P^T: rows are keys n0 + 64 wg + row_w (+8), columns query rows m0 + 8 j + 2 t (+1).
-        unsigned pa[4][4];
+        unsigned pa[M_KSTEPS][4];
 {% if softcap %}
-        unsigned tha[4][4];                              // softcap: 1 - tanh^2, packed the same way
+        unsigned tha[M_KSTEPS][4];                       // softcap: 1 - tanh^2, packed the same way
 {% endif %}
         {
             const int m_last = min(m0 + BLOCK_M, sq) - 1;
             const bool edge = (n0 + BLOCK_N > sk) || (MASK_KIND != 0 &&
                 (win.key_lo(m_last) > n0 || win.key_hi(m0) < n0 + BLOCK_N - 1));
 {% if softcap %}
-            float dth[8][4];
+            float dth[M_TILES][4];
 {% endif %}
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
+            for (int j = 0; j < M_TILES; ++j) {
 #pragma unroll
                 for (int e1 = 0; e1 < 2; ++e1) {
                     const int ci = 8 * j + 2 * t + e1;   // query row within the tile
@@ -283,15 +290,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 }
             }
 {% if softcap %}
-            pack_frags<64>(tha, dth);
+            pack_frags<BLOCK_M>(tha, dth);
 {% endif %}
         }
-        pack_frags<64>(pa, acc_s);
+        pack_frags<BLOCK_M>(pa, acc_s);
 {% if pin_frags %}
         pin_frags(pa);
 {% endif %}
         // dP^T = V_w dO^T and dV += P^T dO, one commit group.
-        float acc_dp[8][4];
+        float acc_dp[M_TILES][4];
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < DV / 16; ++ks) {
@@ -300,14 +307,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                      sw128_desc(do_t + (ks / 4) * BLOCK_M * 128 + off, 16), ks > 0);
         }
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_rs<DV>(acc_dv, pa[kk], sw128_desc(do_t + kk * 16 * 128, BLOCK_M * 128));
+        for (int kk = 0; kk < M_KSTEPS; ++kk)
+            wgmma_rs<DV>(acc_dv, pa[kk], sw128_desc(do_t + kk * 16 * 128, BLOCK_M * 128));
         wgmma_commit();
         wgmma_wait<0>();
 
         // dS^T = P^T (dP^T - Dsum) (softcap: times 1 - tanh^2), from the packed P^T.
-        unsigned dsa[4][4];
+        unsigned dsa[M_KSTEPS][4];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < M_TILES; ++j) {
 #pragma unroll
             for (int e1 = 0; e1 < 2; ++e1) {
                 const float dsum = dsum_t[8 * j + 2 * t + e1];
@@ -326,27 +334,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 }
             }
         }
-        pack_frags<64>(dsa, acc_dp);
+        pack_frags<BLOCK_M>(dsa, acc_dp);
 
         // dK += dS^T Q (runs while dS^T is stored).
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_rs<DQK>(acc_dk, dsa[kk], sw128_desc(q_t + kk * 16 * 128, BLOCK_M * 128));
+        for (int kk = 0; kk < M_KSTEPS; ++kk)
+            wgmma_rs<DQK>(acc_dk, dsa[kk], sw128_desc(q_t + kk * 16 * 128, BLOCK_M * 128));
         wgmma_commit();
 
-        // dS^T into shared memory ([kv row][query column], swizzled): 4-byte
-        // stores, the eight rows g of a warp on distinct 16-byte units.
+        // dS^T into shared memory ([64-column chunk][kv row][column], swizzled):
+        // 4-byte stores, the eight rows g of a warp on distinct 16-byte units.
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < M_TILES; ++j) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int row = 64 * wg + row_w + 8 * r;
-                const unsigned addr = dsb + row * 128 + ((j ^ (row & 7)) << 4) + 4 * t;
+                const unsigned addr = dsb + (j / 8) * BLOCK_N * 128 + row * 128 + (((j % 8) ^ (row & 7)) << 4) + 4 * t;
                 asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(dsa[j / 2][(j & 1) * 2 + r]) : "memory");
             }
         }
         fence_proxy_async();
-        if constexpr (DQ_SPLIT_N) {
+        if constexpr (DQ_SPLIT != 0) {
             named_bar_sync(1, THREADS);                  // both warpgroups' dS^T rows
         } else {
             named_bar_sync(1 + wg, 128);                 // this warpgroup's own rows
@@ -354,14 +363,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
         // dQ (64 x DQ_N) = dS K over this warpgroup's share.
         float acc_dq[8][4];
-        constexpr int DQ_KSTEPS = DQ_SPLIT_N ? BLOCK_N / 16 : 4;
-        const int kv0 = DQ_SPLIT_N ? 0 : 64 * wg;        // first kv row of the k range
-        const int c0 = DQ_SPLIT_N ? 64 * wg : 0;         // first dQ column
+        constexpr int DQ_KSTEPS = DQ_SPLIT != 0 ? BLOCK_N / 16 : 4;
+        const int kv0 = DQ_SPLIT != 0 ? 0 : 64 * wg;     // first kv row of the k range
+        const int c0 = DQ_SPLIT == 1 ? 64 * wg : 0;      // first dQ column
+        const int q0 = DQ_SPLIT == 2 ? 64 * wg : 0;      // first dQ row (query row of the tile)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < DQ_KSTEPS; ++kk) {
             const int kv = kv0 + 16 * kk;
-            wgmma_tt(acc_dq, sw128_desc(dsb + kv * 128, BLOCK_N * 128),
+            wgmma_tt(acc_dq, sw128_desc(dsb + (q0 / 64) * BLOCK_N * 128 + kv * 128, BLOCK_N * 128),
                      sw128_desc(kb + (c0 / 64) * BLOCK_N * 128 + kv * 128, BLOCK_N * 128), kk > 0);
         }
         wgmma_commit();
@@ -374,7 +384,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             float* gacc = p.dq_accum + (acc_row0 * p.heads_q + h) * DQK + c0;
             const long long row_pitch = (long long)p.heads_q * DQK;
             const bool odd = t & 1;
-            const int row = 16 * wl + g + (odd ? 8 : 0);
+            const int row = q0 + 16 * wl + g + (odd ? 8 : 0);
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 const float* a = acc_dq[j];

@@ -837,8 +837,23 @@ fn gpu_backward_matches_f64_reference() {
         runs.push((c, *spec, None));
         if attnforge::plan::plan_bwd::plan_bwd_sm90a(spec).is_ok() {
             let sm80 = attnforge::plan::plan_bwd::plan_bwd_sm80(spec).ok_or_else(|| "no sm80-path plan".to_string());
-            let pinned = attnforge::plan::plan_bwd::plan_bwd_sm90a_with(spec, true);
-            for plan in [sm80, pinned] {
+            use attnforge::plan::plan_bwd::{plan_bwd_sm90a_with, Sm90aBwdOptions};
+            let pinned = plan_bwd_sm90a_with(
+                spec,
+                Sm90aBwdOptions {
+                    pin_frags: true,
+                    ..Default::default()
+                },
+            );
+            let mut alternatives = vec![sm80, pinned];
+            let tall = Sm90aBwdOptions {
+                tall_query_tiles: true,
+                ..Default::default()
+            };
+            if let Ok(plan) = plan_bwd_sm90a_with(spec, tall) {
+                alternatives.push(Ok(plan));
+            }
+            for plan in alternatives {
                 match plan.and_then(|plan| attnforge::jit::build_plan(plan).map_err(|e| e.to_string())) {
                     Ok(k) => runs.push((c, *spec, Some(k))),
                     Err(e) => eprintln!("gpu_bwd: build {spec} (an alternative form): {e}"),
@@ -852,6 +867,9 @@ fn gpu_backward_matches_f64_reference() {
         let out = run_case(c, *spec, kernel.as_ref(), &mut rng);
         let template = match kernel {
             Some(k) if k.plan.bwd.as_ref().is_some_and(|b| b.pin_frags) => "bwd_sm90a.cu pinned P fragments",
+            Some(k) if k.plan.template == attnforge::plan::Template::BwdSm90a && k.plan.block_m == 128 => {
+                "bwd_sm90a.cu 128-row query tiles"
+            }
             Some(k) => k.plan.template.file(),
             None => attnforge::plan(spec).map_or("?", |p| p.template.file()),
         };
