@@ -4,13 +4,14 @@
 # GPU work (on the H200 machine; build the binaries here first with `make gpu-bundle`):
 #   make gpu-test   correctness suite + compute-sanitizer memcheck
 #   make gpu-bench  our kernels and the peers in one run
+#   make gpu-session both, each step under its own time limit (one device call; scripts/gpu-session.sh)
 SHELL := /bin/bash
 NVRTC_DIR := $(CURDIR)/.nvrtc
 NVRTC_LIB := $(NVRTC_DIR)/nvidia/cu13/lib/libnvrtc.so.13
 ARCH ?= sm80,sm90a
 CARGO ?= cargo
 
-.PHONY: all nvrtc build prebuild test pytest sweep gpu-bundle gpu-test gpu-bench clean
+.PHONY: all nvrtc build prebuild test pytest sweep gpu-bundle gpu-test gpu-bench gpu-session clean
 
 all: prebuild
 
@@ -83,6 +84,9 @@ gpu-test:
 
 gpu-bench:
 	scripts/gpu-bench.sh
+
+gpu-session:
+	scripts/gpu-session.sh
 
 clean:
 	$(CARGO) clean

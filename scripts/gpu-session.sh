@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Everything one device call should run, each step under its own time limit so
+# that a slow or hung step cannot take the others down with it (the device
+# tool allows 600 s per call): the GPU suites, the torch GPU tests, memcheck on
+# a subset, the same-run benchmark and the sm90a forward tile variants. Prints
+# one summary line per step; logs and reports go to $OUT (or ./gpu-results).
+#   usage: scripts/gpu-session.sh [steps...]   (default: bwd fwd py memcheck bench)
+#          steps: bwd fwd py memcheck bench tune90
+# Limits (seconds) can be set by env: LIMIT_BWD LIMIT_FWD LIMIT_PY LIMIT_MEMCHECK
+# LIMIT_BENCH LIMIT_TUNE90; ATTNFORGE_SANITIZE_CASES picks the memcheck subset.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-$PWD/gpu-results}"; mkdir -p "$out"
+export ATTNFORGE_REPORT_DIR="$out"
+if [ -z "${ATTNFORGE_NVRTC:-}" ]; then
+  for c in /opt/*/.venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13 \
+           /usr/local/lib/python3*/dist-packages/nvidia/cu13/lib/libnvrtc.so.13 \
+           /usr/local/cuda/lib64/libnvrtc.so.13; do
+    [ -e "$c" ] && export ATTNFORGE_NVRTC="$c" && break
+  done
+fi
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(bwd fwd py memcheck bench)
+echo "date: $(date -u +%F' '%T) UTC; steps: ${steps[*]}"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+status=0
+# run NAME LIMIT CMD...: fresh kernel cache per step (so it really compiles).
+run() {
+  local name=$1 lim=$2; shift 2
+  local s; s=$(date +%s)
+  ATTNFORGE_CACHE_DIR=$(mktemp -d) timeout "$lim" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  [ $rc -eq 0 ] || status=1
+  echo "$name: rc=$rc $(( $(date +%s) - s ))s (limit ${lim}s)$([ $rc -eq 124 ] && echo ' TIMED OUT')"
+}
+counts() { echo "  ok=$(grep -c '^ok' "$1") fail=$(grep -c '^FAIL' "$1")"; grep '^FAIL\|panicked' "$1" | head -n 8; }
+for step in "${steps[@]}"; do
+  case $step in
+    bwd) run gpu_bwd "${LIMIT_BWD:-200}" .gpu/gpu_bwd; counts "$out/gpu_bwd.log" ;;
+    fwd) run gpu_fwd "${LIMIT_FWD:-300}" .gpu/gpu_fwd; counts "$out/gpu_fwd.log" ;;
+    py)
+      whl=$(ls .gpu/attnforge-*.whl 2>/dev/null | head -n 1)
+      if [ -n "$whl" ] && python3 -c "import torch" 2>/dev/null; then
+        site=$(mktemp -d)
+        python3 -m pip install -q --no-deps --target "$site" "$whl" || status=1
+        # From /tmp, so that the source tree's python/attnforge cannot shadow the wheel.
+        run pytest-gpu "${LIMIT_PY:-120}" bash -c "cd /tmp && PYTHONPATH='$site' python3 -m pytest \
+          '$PWD/python/tests' -m gpu -q -rs -s -p no:cacheprovider"
+        tail -n 1 "$out/pytest-gpu.log"; grep "host time" "$out/pytest-gpu.log"
+      else
+        echo "py: skipped (no wheel in .gpu or no torch)"
+      fi ;;
+    memcheck)
+      if command -v compute-sanitizer >/dev/null; then
+        for t in bwd fwd; do
+          run "memcheck-gpu_$t" "${LIMIT_MEMCHECK:-90}" env ATTNFORGE_BWD_BENCH= \
+            ATTNFORGE_GPU_CASES="${ATTNFORGE_SANITIZE_CASES:-causal-tl.thd}" \
+            compute-sanitizer --tool memcheck --error-exitcode 9 ".gpu/gpu_$t"
+          grep -h "ERROR SUMMARY" "$out/memcheck-gpu_$t.log"; counts "$out/memcheck-gpu_$t.log"
+        done
+      else
+        echo "memcheck: skipped (no compute-sanitizer)"
+      fi ;;
+    bench) mkdir -p "$out/bench"; run gpu-bench "${LIMIT_BENCH:-200}" env OUT="$out/bench" scripts/gpu-bench.sh ;;
+    tune90) run tune90 "${LIMIT_TUNE90:-120}" .gpu/gpu_bench --tune90 ;;
+    *) echo "unknown step: $step"; status=1 ;;
+  esac
+done
+exit $status
