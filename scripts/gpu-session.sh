@@ -56,7 +56,9 @@ for step in "${steps[@]}"; do
     memcheck)
       if command -v compute-sanitizer >/dev/null; then
         for t in bwd fwd; do
-          run "memcheck-gpu_$t" "${LIMIT_MEMCHECK:-90}" env ATTNFORGE_BWD_BENCH= \
+          # Its own report dir: the subset's tables must not replace the full suite's.
+          mkdir -p "$out/memcheck"
+          run "memcheck-gpu_$t" "${LIMIT_MEMCHECK:-90}" env ATTNFORGE_BWD_BENCH= ATTNFORGE_REPORT_DIR="$out/memcheck" \
             ATTNFORGE_GPU_CASES="${ATTNFORGE_SANITIZE_CASES:-causal-tl.thd}" \
             compute-sanitizer --tool memcheck --error-exitcode 9 ".gpu/gpu_$t"
           grep -h "ERROR SUMMARY" "$out/memcheck-gpu_$t.log"; counts "$out/memcheck-gpu_$t.log"
