@@ -41,7 +41,9 @@ if [ "${1:-}" = "--sanitize" ] && command -v compute-sanitizer >/dev/null; then
     [ -x "$t" ] || continue
     log="$out/memcheck.log"; [ "$t" = .gpu/gpu_fwd ] || log="$out/memcheck-$(basename "$t").log"
     echo "== compute-sanitizer memcheck (subset): $t"
-    ATTNFORGE_BWD_BENCH= ATTNFORGE_GPU_CASES="${ATTNFORGE_SANITIZE_CASES:-thd}" \
+    # Its own report dir: the subset's tables must not replace the full suite's.
+    mkdir -p "$out/memcheck"
+    ATTNFORGE_BWD_BENCH= ATTNFORGE_REPORT_DIR="$out/memcheck" ATTNFORGE_GPU_CASES="${ATTNFORGE_SANITIZE_CASES:-thd}" \
       compute-sanitizer --tool memcheck --error-exitcode 9 \
       "$t" 2>&1 | tail -n 30 | tee "$log" || status=1
   done
