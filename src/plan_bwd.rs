@@ -523,7 +523,7 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<Ker
     let smem = sm90a_main_smem(block_m, d, d);
     reasons.push(format!(
         "main: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ from shared memory; dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ, dSᵀ from registers; \
-         dQ = dS K {} ; {smem} B shared memory",
+         dQ = dS K {}; {smem} B shared memory",
         if d == 128 {
             "with the warpgroups splitting dQ's columns"
         } else if block_m == 128 {
@@ -533,6 +533,9 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<Ker
         }
     ));
     reasons.push("fast: dQ accumulated in an f32 workspace with red.global.add, then converted".into());
+    reasons.push(
+        "GQA: each block loops over the query heads of its kv head, so dK/dV need no workspace and no atomics".into(),
+    );
     if pin_frags {
         reasons.push("Pᵀ fragments materialized before dV's wgmma fence (no injected warpgroup.arrive)".into());
     }
