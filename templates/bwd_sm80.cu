@@ -208,18 +208,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             p.q + b * p.q_sb + row0 * p.q_ss + h * p.q_sh, p.q_ss, sq - m0, D_QK, tid);
         load_tile<BLOCK_M, DV, PITCH_V, THREADS>(sdO + buf * BLOCK_M * PITCH_V,
             p.dout + b * p.do_sb + row0 * p.do_ss + h * p.do_sh, p.do_ss, sq - m0, D_V, tid);
-        if (tid < BLOCK_M) {
-            const int i = m0 + tid;
-            float lse2 = POS_INF, dsum = 0.f;
-            if (i < sq) {
-                const long long li = b * p.lse_sb + h * p.lse_sh + si.q_off + i;
-                const float l = p.lse[li];
-                if (l != NEG_INF) lse2 = l * LOG2E;
-                dsum = p.dsum[li];
-            }
-            sLse[buf * BLOCK_M + tid] = lse2;
-            sDsum[buf * BLOCK_M + tid] = dsum;
-        }
+        stage_rows(p, b, h, si.q_off, m0, sq, BLOCK_M, tid, sLse + buf * BLOCK_M, sDsum + buf * BLOCK_M);
     };
 
     // dK and dV accumulators of this warp (its tile of each warp grid), for the whole block.

@@ -13,7 +13,7 @@
 //
 // Per query tile, warpgroup w (kv rows n0 + 64w ..):
 //   S^T  = K_w Q^T,  dP^T = V_w dO^T        wgmma, both operands K-major in shared memory
-//   P^T in registers, kept as bf16/f16 fragments; then dP^T and dS^T
+//   P^T in registers (common/bwd_common.cuh: score_prob), kept as bf16/f16 fragments; then dP^T and dS^T
 //   dV_w += P^T dO,  dK_w += dS^T Q          wgmma, A = P^T / dS^T fragments from
 //                                            registers, B = dO / Q read MN-major
 //   dS^T -> shared memory; dQ (64 x {{ dq_n }} per warpgroup) = dS K over {% if dq_split == 1 %}all 128 kv rows,
@@ -189,18 +189,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                                        sq - m0, D_QK, tid);
         load_sw128<BLOCK_M, V_CHUNKS>(sdO + buf * DO_BYTES, p.dout + b * p.do_sb + row0 * p.do_ss + h * p.do_sh,
                                       p.do_ss, sq - m0, D_V, tid);
-        if (tid < BLOCK_M) {
-            const int i = m0 + tid;
-            float lse2 = POS_INF, dsum = 0.f;
-            if (i < sq) {
-                const long long li = b * p.lse_sb + h * p.lse_sh + si.q_off + i;
-                const float l = p.lse[li];
-                if (l != NEG_INF) lse2 = l * LOG2E;
-                dsum = p.dsum[li];
-            }
-            sLse[buf * BLOCK_M + tid] = lse2;
-            sDsum[buf * BLOCK_M + tid] = dsum;
-        }
+        stage_rows(p, b, h, si.q_off, m0, sq, BLOCK_M, tid, sLse + buf * BLOCK_M, sDsum + buf * BLOCK_M);
     };
 
     // dK and dV of this warpgroup's 64 kv rows, for the whole block.
@@ -279,12 +268,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                         const int e = 2 * r + e1;
                         const int key = n0 + 64 * wg + row_w + 8 * r;
                         const bool vis = !edge || (key >= lo && key <= hi);
+                        float dt;
+                        acc_s[j][e] = score_prob(acc_s[j][e], lse2, vis, p, dt);
 {% if softcap %}
-                        const float th = fast_tanh(acc_s[j][e] * p.softcap_pre);
-                        dth[j][e] = 1.f - th * th;
-                        acc_s[j][e] = vis ? fast_exp2(p.softcap_post * th - lse2) : 0.f;
-{% else %}
-                        acc_s[j][e] = vis ? fast_exp2(acc_s[j][e] * p.scale_log2 - lse2) : 0.f;
+                        dth[j][e] = dt;
 {% endif %}
                     }
                 }

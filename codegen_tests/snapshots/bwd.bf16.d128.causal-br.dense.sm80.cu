@@ -301,12 +301,12 @@ __device__ __forceinline__ void store_acc(elem_t* gbase, long long stride, const
     }
 }
 
-// dZ / scale for one score: from the raw score s = (Q K^T)_ij, dP_ij, the row's
-// LSE * log2(e) (+inf for rows that see no key or lie outside the sequence, so
-// that P = 0) and Dsum_i. Returns P through `p_out`.
-__device__ __forceinline__ float score_grad(float s, float dp, float lse2, float dsum, bool visible,
-                                            const BwdParams& p, float& p_out) {
-    float z2, dtanh = 1.f;
+// P of one score, from the raw score s = (Q K^T)_ij and the row's LSE * log2(e)
+// (+inf for rows that see no key or lie outside the sequence, so that P = 0);
+// `dtanh` gets dz/dS's softcap factor 1 - tanh^2 (1 without softcap).
+__device__ __forceinline__ float score_prob(float s, float lse2, bool visible, const BwdParams& p, float& dtanh) {
+    float z2;
+    dtanh = 1.f;
     if constexpr (SOFTCAP) {
         const float th = fast_tanh(s * p.softcap_pre);
         z2 = p.softcap_post * th;
@@ -314,9 +314,36 @@ __device__ __forceinline__ float score_grad(float s, float dp, float lse2, float
     } else {
         z2 = s * p.scale_log2;
     }
-    const float pr = visible ? fast_exp2(z2 - lse2) : 0.f;
+    return visible ? fast_exp2(z2 - lse2) : 0.f;
+}
+
+// dZ / scale for one score: score_prob's P (returned through `p_out`) times
+// (dP_ij - Dsum_i) and the softcap factor.
+__device__ __forceinline__ float score_grad(float s, float dp, float lse2, float dsum, bool visible,
+                                            const BwdParams& p, float& p_out) {
+    float dtanh;
+    const float pr = score_prob(s, lse2, visible, p, dtanh);
     p_out = pr;
     return pr * (dp - dsum) * dtanh;
+}
+
+// Stage LSE * log2(e) and Dsum of query rows m0 .. m0 + rows - 1 of head h
+// into shared memory, one row per thread (tid < rows): +inf / 0 for rows past
+// the sequence and rows that see no key (LSE = -inf), so that their P is 0.
+__device__ __forceinline__ void stage_rows(const BwdParams& p, int b, int h, int q_off, int m0, int sq, int rows,
+                                           int tid, float* s_lse2, float* s_dsum) {
+    if (tid < rows) {
+        const int i = m0 + tid;
+        float lse2 = POS_INF, dsum = 0.f;
+        if (i < sq) {
+            const long long li = b * p.lse_sb + h * p.lse_sh + q_off + i;
+            const float l = p.lse[li];
+            if (l != NEG_INF) lse2 = l * LOG2E;
+            dsum = p.dsum[li];
+        }
+        s_lse2[tid] = lse2;
+        s_dsum[tid] = dsum;
+    }
 }
 
 // Sequence geometry of batch entry b: offsets into packed tensors and lengths.
@@ -536,18 +563,7 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80(const BwdParams p) {
             p.q + b * p.q_sb + row0 * p.q_ss + h * p.q_sh, p.q_ss, sq - m0, D_QK, tid);
         load_tile<BLOCK_M, DV, PITCH_V, THREADS>(sdO + buf * BLOCK_M * PITCH_V,
             p.dout + b * p.do_sb + row0 * p.do_ss + h * p.do_sh, p.do_ss, sq - m0, D_V, tid);
-        if (tid < BLOCK_M) {
-            const int i = m0 + tid;
-            float lse2 = POS_INF, dsum = 0.f;
-            if (i < sq) {
-                const long long li = b * p.lse_sb + h * p.lse_sh + si.q_off + i;
-                const float l = p.lse[li];
-                if (l != NEG_INF) lse2 = l * LOG2E;
-                dsum = p.dsum[li];
-            }
-            sLse[buf * BLOCK_M + tid] = lse2;
-            sDsum[buf * BLOCK_M + tid] = dsum;
-        }
+        stage_rows(p, b, h, si.q_off, m0, sq, BLOCK_M, tid, sLse + buf * BLOCK_M, sDsum + buf * BLOCK_M);
     };
 
     // dK and dV accumulators of this warp (its tile of each warp grid), for the whole block.
