@@ -277,25 +277,24 @@ pub fn plan_bwd(spec: &AttnSpec) -> Option<KernelPlan> {
     }
     match plan_bwd_sm90a(spec) {
         Ok(p) => Some(p),
-        Err(why) => {
-            let mut p = plan_bwd_sm80(spec)?;
-            for r in p.reasons.iter_mut() {
-                if r.starts_with("sm90a: the sm80 instruction path") {
-                    *r = format!("sm90a: the sm80 instruction path (mma.sync), not the wgmma backward: {why}");
-                }
-            }
-            Some(p)
-        }
+        Err(why) => plan_sm80(spec, Some(&why)),
     }
 }
 
 /// Plan a backward spec on the sm80 instruction path (`bwd_sm80.cu`), for
 /// any arch.
 pub fn plan_bwd_sm80(spec: &AttnSpec) -> Option<KernelPlan> {
+    plan_sm80(spec, None)
+}
+
+/// [`plan_bwd_sm80`], naming why an sm90a spec is not on the wgmma backward.
+fn plan_sm80(spec: &AttnSpec, not_wgmma: Option<&str>) -> Option<KernelPlan> {
     // Pad the head dims to the mma k-step (16); when no tile shape fits (a
     // prime number of 16-column groups can only be split by rows), pad
     // further so that warps can split the columns.
-    [16, 32, 64].into_iter().find_map(|pad| plan_padded(spec, pad, None))
+    [16, 32, 64]
+        .into_iter()
+        .find_map(|pad| plan_padded(spec, pad, None, not_wgmma))
 }
 
 /// Plan with an explicit main-kernel tile shape, skipping the register
@@ -304,10 +303,10 @@ pub fn plan_bwd_sm80(spec: &AttnSpec) -> Option<KernelPlan> {
 pub fn plan_bwd_sm80_with(spec: &AttnSpec, tiles: BwdTiles) -> Option<KernelPlan> {
     [16, 32, 64]
         .into_iter()
-        .find_map(|pad| plan_padded(spec, pad, Some(tiles)))
+        .find_map(|pad| plan_padded(spec, pad, Some(tiles), None))
 }
 
-fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>) -> Option<KernelPlan> {
+fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: Option<&str>) -> Option<KernelPlan> {
     let mut reasons = Vec::new();
     let dqk = round_up(spec.head_dim_qk as u32, pad);
     let dv = round_up(spec.head_dim_v as u32, pad);
@@ -324,7 +323,10 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>) -> Option<Ke
         ));
     }
     if spec.arch == Arch::Sm90a {
-        reasons.push("sm90a: the sm80 instruction path (mma.sync)".into());
+        reasons.push(match not_wgmma {
+            Some(why) => format!("sm90a: the sm80 instruction path (mma.sync), not the wgmma backward: {why}"),
+            None => "sm90a: the sm80 instruction path (mma.sync)".into(),
+        });
     }
     let dmax = dqk.max(dv);
     // (warps, block_n, block_m), most preferred first. dK/dV accumulators
@@ -452,6 +454,17 @@ pub fn sm90a_main_smem(block_m: u32, dqk: u32, dv: u32) -> u32 {
     2 * (block_n * (dqk + dv) + 2 * block_m * (dqk + dv) + block_n * block_m) + 4 * 4 * block_m + 1024
 }
 
+/// How the wgmma backward's two warpgroups share dQ = dS K (the template's
+/// DQ_SPLIT): 0 = each over its own 64 kv rows (both add the same dQ tile),
+/// 1 = dQ's columns (d128), 2 = dQ's rows (128-row query tiles).
+pub fn sm90a_dq_split(d_pad: u32, block_m: u32) -> u32 {
+    match (d_pad, block_m) {
+        (128, _) => 1,
+        (_, 128) => 2,
+        _ => 0,
+    }
+}
+
 /// Tiles of the sm90a backward (fixed by its template): 64-row query tiles,
 /// 128 kv rows per block (two warpgroups of 64).
 pub const SM90A_BWD_BLOCK_M: u32 = 64;
@@ -524,12 +537,10 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<Ker
     reasons.push(format!(
         "main: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ from shared memory; dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ, dSᵀ from registers; \
          dQ = dS K {}; {smem} B shared memory",
-        if d == 128 {
-            "with the warpgroups splitting dQ's columns"
-        } else if block_m == 128 {
-            "with the warpgroups splitting dQ's rows"
-        } else {
-            "with each warpgroup over its own kv rows"
+        match sm90a_dq_split(d, block_m) {
+            1 => "with the warpgroups splitting dQ's columns",
+            2 => "with the warpgroups splitting dQ's rows",
+            _ => "with each warpgroup over its own kv rows",
         }
     ));
     reasons.push("fast: dQ accumulated in an f32 workspace with red.global.add, then converted".into());

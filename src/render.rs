@@ -267,11 +267,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
                 d_qk_pad: dqk,
                 d_v_pad: dv,
                 dq_n: 64,
-                dq_split: match (dqk, b.block_m) {
-                    (128, _) => 1,
-                    (_, 128) => 2,
-                    _ => 0,
-                },
+                dq_split: crate::plan::plan_bwd::sm90a_dq_split(dqk, b.block_m),
                 rs_ns,
                 mask_kind: mask_kind(spec.mask),
                 is_thd: spec.layout == Layout::Thd,
@@ -284,7 +280,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
         (Template::BwdSm80 | Template::BwdSm90a, None) => {
             return Err(RenderError {
                 template: name.into(),
-                message: "a bwd_sm80 plan needs its `bwd` tiles".into(),
+                message: format!("a {name} plan needs its `bwd` tiles"),
             })
         }
         (Template::FwdSm90a, _) => Context::from_serialize(FwdSm90aContext {
