@@ -385,53 +385,43 @@ fn main() {
                     row["bwd_tflops"] = btf.into();
                     row["bwd_template"] = bk.plan.template.file().into();
                 }
-                // The wgmma backward's options (not yet defaults) on the same problem:
-                // pinned P fragments, and 128-row query tiles (d <= 64).
-                use attnforge::plan::plan_bwd::{plan_bwd_sm90a_with, Sm90aBwdOptions};
-                let options = [
+                // Alternatives on the same inputs: the sm80 instruction path where the
+                // planner took the wgmma backward, and the wgmma backward's options
+                // (not yet defaults): pinned P fragments, 128-row query tiles (d <= 64).
+                use attnforge::plan::plan_bwd::{plan_bwd_sm80, plan_bwd_sm90a_with, Sm90aBwdOptions};
+                let planned_sm80 =
+                    row.get("bwd_template").and_then(|t| t.as_str()) == Some(attnforge::plan::Template::BwdSm80.file());
+                let opts = |pin_frags, tall_query_tiles| Sm90aBwdOptions {
+                    pin_frags,
+                    tall_query_tiles,
+                };
+                let alternatives = [
+                    (
+                        "bwd_sm80_tflops",
+                        "sm80 path",
+                        plan_bwd_sm80(&bspec).filter(|_| !planned_sm80),
+                    ),
                     (
                         "bwd_sm90a_pinned_tflops",
-                        "pinned P fragments",
-                        Sm90aBwdOptions {
-                            pin_frags: true,
-                            ..Default::default()
-                        },
+                        "bwd_sm90a.cu, pinned P fragments",
+                        plan_bwd_sm90a_with(&bspec, opts(true, false)).ok(),
                     ),
                     (
                         "bwd_sm90a_tall_tflops",
-                        "128-row query tiles",
-                        Sm90aBwdOptions {
-                            tall_query_tiles: true,
-                            ..Default::default()
-                        },
+                        "bwd_sm90a.cu, 128-row query tiles",
+                        plan_bwd_sm90a_with(&bspec, opts(false, true)).ok(),
                     ),
                 ];
-                for (field, what, opts) in options {
-                    let Ok(plan) = plan_bwd_sm90a_with(&bspec, opts) else {
-                        continue;
-                    };
+                for (field, what, plan) in alternatives {
+                    let Some(plan) = plan else { continue };
                     match attnforge::jit::build_plan(plan) {
-                        Ok(kp) => {
-                            let msp = time_bwd(&kp);
-                            let tfp = 2.5 * flops / msp / 1e9;
-                            println!("{bspec:<40} b={b:<3} h={h:<3} s={s:<6} {msp:8.3} ms {tfp:7.1} TFLOP/s (bwd_sm90a.cu, {what})");
-                            row[field] = tfp.into();
+                        Ok(k) => {
+                            let ms = time_bwd(&k);
+                            let tf = 2.5 * flops / ms / 1e9;
+                            println!("{bspec:<40} b={b:<3} h={h:<3} s={s:<6} {ms:8.3} ms {tf:7.1} TFLOP/s ({what})");
+                            row[field] = tf.into();
                         }
                         Err(e) => println!("{bspec}: {what} build failed: {e}"),
-                    }
-                }
-                // The sm80 instruction path on the same problem, where the planner took the wgmma backward.
-                if row.get("bwd_template").and_then(|t| t.as_str()) != Some(attnforge::plan::Template::BwdSm80.file()) {
-                    if let Some(plan) = attnforge::plan::plan_bwd::plan_bwd_sm80(&bspec) {
-                        match attnforge::jit::build_plan(plan) {
-                            Ok(k80) => {
-                                let ms80 = time_bwd(&k80);
-                                let tf80 = 2.5 * flops / ms80 / 1e9;
-                                println!("{bspec:<40} b={b:<3} h={h:<3} s={s:<6} {ms80:8.3} ms {tf80:7.1} TFLOP/s (sm80 path)");
-                                row["bwd_sm80_tflops"] = tf80.into();
-                            }
-                            Err(e) => println!("{bspec}: sm80-path build failed: {e}"),
-                        }
                     }
                 }
                 rows.push(row);
