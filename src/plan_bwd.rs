@@ -475,7 +475,7 @@ pub const SM90A_BWD_BLOCK_N: u32 = 128;
 /// `Err` says why a spec is not taken. The planner's choice for those specs
 /// ([`plan_bwd`]): on the H200 (2026-12-03, `make gpu-bench`) 1.5–1.7× the
 /// sm80 path at d128, 1.0–1.2× FlashAttention-2; ±5% of the sm80 path at
-/// d64 under a mask, +14–16% without.
+/// d64 under a mask, +5–16% without.
 pub fn plan_bwd_sm90a(spec: &AttnSpec) -> Result<KernelPlan, String> {
     plan_bwd_sm90a_with(spec, Sm90aBwdOptions::default())
 }
