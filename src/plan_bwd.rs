@@ -473,7 +473,7 @@ pub const SM90A_BWD_BLOCK_N: u32 = 128;
 /// The Hopper backward (`templates/bwd_sm90a.cu`) for a spec it takes: sm90a,
 /// fast mode, equal head dims of at most 128 (padded to 64-column chunks).
 /// `Err` says why a spec is not taken. The planner's choice for those specs
-/// ([`plan_bwd`]): on the H200 (2026-12-03, `make gpu-bench`) 1.5–1.7× the
+/// ([`plan_bwd`]): on the H200 (2026-12-03, `make gpu-bench`) 1.35–1.72× the
 /// sm80 path at d128, 1.0–1.2× FlashAttention-2; ±5% of the sm80 path at
 /// d64 under a mask, +5–16% without.
 pub fn plan_bwd_sm90a(spec: &AttnSpec) -> Result<KernelPlan, String> {
@@ -525,7 +525,7 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<Ker
     let block_m = if tall_query_tiles { 128 } else { SM90A_BWD_BLOCK_M };
     let mut reasons = vec![format!(
         "sm90a: wgmma backward (fast mode), two warpgroups of 64 kv rows, block_n=128, {block_m}-row query tiles; \
-         measured 1.5-1.7x the sm80 path at d128 on the H200"
+         measured 1.35-1.72x the sm80 path at d128 on the H200 (1.5-1.7x from seqlen 2k)"
     )];
     if d != spec.head_dim_qk as u32 {
         reasons.push(format!(
