@@ -33,12 +33,12 @@ use super::problem::ProblemKey;
 /// as measured on the H200 (bf16, same-run `make gpu-bench`,
 /// docs/benchmarks/2026-12-03-s5-bench.md): cuDNN ahead of FlashAttention-2
 /// in both directions. On Hopper our forward is the wgmma/TMA kernel,
-/// 1.1-2.6x the FA2 forward and 0.97-1.23x cuDNN's from seqlen 2k on (but
+/// 1.1-2.6x the FA2 forward and 0.88-1.23x cuDNN's from seqlen 2k on (but
 /// 0.65-0.80x at seqlen 512), so it ranks between them (the problem key has
 /// no sequence-length bucket to rank it first for long rows); elsewhere the
 /// forward is the sm80 path (0.74-1.02x FA2) and ranks last. Our backward
 /// ranks last: the Hopper wgmma backward is 1.0-1.2x FA2 at d128 but
-/// 0.73-0.91x at d64 and 0.53-0.65x cuDNN; the sm80 path 0.6-0.95x FA2.
+/// 0.73-0.91x at d64 and 0.45-0.65x cuDNN; the sm80 path 0.6-0.95x FA2.
 /// Ours still take what the others decline (softcap, sliding windows,
 /// bottom-right causal with seqlen_q != seqlen_k, deterministic backward,
 /// ...) and everything where no front end registers direct backends (Rust
