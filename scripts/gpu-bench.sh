@@ -5,11 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OUT="${OUT:-$PWD/gpu-results}"; mkdir -p "$OUT"
 export ATTNFORGE_CACHE_DIR="${ATTNFORGE_CACHE_DIR:-$(mktemp -d)}"
-if [ -z "${ATTNFORGE_NVRTC:-}" ]; then
-  for c in /opt/*/.venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13 /usr/local/cuda/lib64/libnvrtc.so.13; do
-    [ -e "$c" ] && export ATTNFORGE_NVRTC="$c" && break
-  done
-fi
+. scripts/gpu-nvrtc.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 # Optional: cuDNN's own ragged forward as a peer, through a carried
 # nvidia-cudnn-frontend wheel (.whl/, see docs/benchmarks/README.md).

@@ -17,13 +17,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-$PWD/gpu-results}"; mkdir -p "$out"
 export ATTNFORGE_REPORT_DIR="$out"
-if [ -z "${ATTNFORGE_NVRTC:-}" ]; then
-  for c in /opt/*/.venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13 \
-           /usr/local/lib/python3*/dist-packages/nvidia/cu13/lib/libnvrtc.so.13 \
-           /usr/local/cuda/lib64/libnvrtc.so.13; do
-    [ -e "$c" ] && export ATTNFORGE_NVRTC="$c" && break
-  done
-fi
+. scripts/gpu-nvrtc.sh
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(bwd fwd py memcheck bench)
 echo "date: $(date -u +%F' '%T) UTC; steps: ${steps[*]}"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"

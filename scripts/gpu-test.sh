@@ -11,13 +11,7 @@ cd "$(dirname "$0")/.."
 out="${OUT:-$PWD/gpu-results}"; mkdir -p "$out"
 export ATTNFORGE_REPORT_DIR="$out"
 export ATTNFORGE_CACHE_DIR="${ATTNFORGE_CACHE_DIR:-$(mktemp -d)}"   # fresh: really compiles
-if [ -z "${ATTNFORGE_NVRTC:-}" ]; then
-  for c in /opt/*/.venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13 \
-           /usr/local/lib/python3*/dist-packages/nvidia/cu13/lib/libnvrtc.so.13 \
-           /usr/local/cuda/lib64/libnvrtc.so.13; do
-    [ -e "$c" ] && export ATTNFORGE_NVRTC="$c" && break
-  done
-fi
+. scripts/gpu-nvrtc.sh
 echo "date: $(date -u +%F' '%T) UTC"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 echo "nvrtc: ${ATTNFORGE_NVRTC:-<discovery>}"
 status=0
