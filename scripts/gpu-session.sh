@@ -13,9 +13,17 @@
 # expect ~200 s), tune90 88 s; all default steps together are close to the
 # device tool's 600 s per call, so split them over two calls when steps grow
 # (e.g. `scripts/gpu-session.sh bwd fwd py memcheck`, then `bench tune90`).
+# The device tool brings back at most 8 files from $OUT, so with OUT set every
+# log and report is written to a scratch folder and packed into one archive,
+# $OUT/gpu-session.tgz, when the steps are done (the step summary goes to stdout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-$PWD/gpu-results}"; mkdir -p "$out"
+if [ -n "${OUT:-}" ]; then
+  dest="$OUT"; out=$(mktemp -d)
+else
+  dest=""; out="$PWD/gpu-results"
+fi
+mkdir -p "$out"
 export ATTNFORGE_REPORT_DIR="$out"
 . scripts/gpu-nvrtc.sh
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(bwd fwd py memcheck bench)
@@ -66,4 +74,7 @@ for step in "${steps[@]}"; do
     *) echo "unknown step: $step"; status=1 ;;
   esac
 done
+if [ -n "$dest" ]; then
+  tar czf "$dest/gpu-session.tgz" -C "$out" . && echo "results: \$OUT/gpu-session.tgz ($(find "$out" -type f | wc -l) files)"
+fi
 exit $status

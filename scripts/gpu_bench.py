@@ -244,8 +244,8 @@ def main():
                      f"{r.get('template', '')} |")
     lines += ["", f"Backward (dQ, dK, dV; FLOPs = 2.5 x forward), same run. attnforge: fast mode, including its preprocess and dQ convert kernels.", "",
               "attnforge = the planner's backward (template in the last column); sm80 path = bwd_sm80.cu on the same problem, where the planner took the wgmma backward.", "",
-              "| d | seqlen | batch x heads | causal | attnforge | torch-flash (FA2) | torch-cudnn | vs FA2 | vs cuDNN | sm80 path | sm80 path vs FA2 | sm80 path vs cuDNN | wgmma, pinned P (option) | pinned vs attnforge | wgmma, 128-row q tiles (option) | 128-row vs attnforge | template |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| d | seqlen | batch x heads | causal | attnforge | torch-flash (FA2) | torch-cudnn | vs FA2 | vs cuDNN | sm80 path | sm80 path vs FA2 | sm80 path vs cuDNN | template |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in ours:
         if "bwd_tflops" not in r:
             continue
@@ -253,11 +253,8 @@ def main():
         fmt = lambda x: f"{x:.0f}" if x else "n/a"
         ratio = lambda x, y=r["bwd_tflops"]: f"{y / x:.2f}x" if x and y else "n/a"
         w = r.get("bwd_sm80_tflops")
-        pin = r.get("bwd_sm90a_pinned_tflops")
-        tall = r.get("bwd_sm90a_tall_tflops")
         lines.append(f"| {r['d']} | {r['s']} | {r['b']} x {r['h']} | {'yes' if r['causal'] else 'no'} | {r['bwd_tflops']:.0f} | "
                      f"{fmt(fa)} | {fmt(cd)} | {ratio(fa)} | {ratio(cd)} | {fmt(w)} | {ratio(fa, w)} | {ratio(cd, w)} | "
-                     f"{fmt(pin)} | {ratio(r['bwd_tflops'], pin)} | {fmt(tall)} | {ratio(r['bwd_tflops'], tall)} | "
                      f"{r.get('bwd_template', '')} |")
     vias = sorted({f"{p['impl']} via {p['via']}" for p in peer_rows if "via" in p})
     if vias:

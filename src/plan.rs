@@ -106,10 +106,12 @@ pub struct KernelPlan {
     /// (ping-pong). Absent elsewhere.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pingpong: bool,
-    /// sm90a forward only: the work tiles walk one (batch, head) at a time,
-    /// its query blocks consecutive (the blocks in flight share K and V in
-    /// L2), instead of all heads of one query block at a time. Absent
-    /// elsewhere.
+    /// The work tiles walk one (batch, head) at a time, its tiles
+    /// consecutive, instead of all heads of one tile at a time. sm90a
+    /// forward: query blocks (the blocks in flight share K and V in L2).
+    /// Backward: kv tiles (they share Q, dO, LSE and the dQ accumulator), and
+    /// in deterministic mode the dQ kernel's query tiles (K and V). Absent
+    /// from sm80 forward plans.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub head_major: bool,
     /// Backward plans only: the tiles of the backward kernels (the fields
@@ -188,7 +190,11 @@ pub fn default_fwd_tiles(spec: &AttnSpec) -> FwdTiles {
             (4, 1, 64)
         }
     } else {
-        (4, 1, 32)
+        // d > 128: FlashAttention-2's shape, 128 query rows over 8 warps with
+        // 64-key steps (H200 `gpu_bench --tune`, 2026-12-03, d256 s8k: 285
+        // TFLOP/s against 241 for 4 warps x 1 tile, bn 32). block_n halves
+        // where shared memory is smaller (sm80: 163 KB → 32).
+        (8, 1, 64)
     };
     FwdTiles {
         num_warps,

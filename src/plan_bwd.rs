@@ -80,11 +80,6 @@ pub struct BwdPlan {
     /// this many f32 accumulators per thread per array (fewer live registers
     /// next to the dK/dV accumulators; a chunk re-reads its A operand).
     pub acc_chunk: u32,
-    /// sm90a wgmma backward only: materialize the Pᵀ fragments before the
-    /// wgmma fence of dV's products (no compiler-injected `warpgroup.arrive`);
-    /// an option until the H200 has timed it.
-    #[serde(default)]
-    pub pin_frags: bool,
 }
 
 /// Entry symbols of a backward CUBIN, derived from `KernelPlan::entry`.
@@ -253,6 +248,35 @@ fn try_dq(spec: &AttnSpec, dqk: u32, dv: u32) -> Option<(u32, u32, u32, u32, u32
     None
 }
 
+/// The main-kernel shape for dense specs with no mask and no softcap, where
+/// fewer live registers (no per-row bounds) let a shape fit that spills with a
+/// mask (`ATTNFORGE_BWD_TUNE=1` on the H200, 2026-12-03, b4 s4096, bf16): d64
+/// 4 warps x 128 x 64 with 16-float chunks (two blocks per SM) 217 TFLOP/s
+/// against 179 for the general choice (it spills 84 B when causal); d128 the
+/// general 8 x 128 x 64 with 32-float chunks, 203 against 191 (spills 16 B
+/// when causal; for sm_90a, since the head-major order and the folded
+/// ldmatrix addresses, 40 B without a mask too: sm80 only). The compile sweep
+/// checks that these stay spill-free.
+fn unmasked_shape(spec: &AttnSpec, dmax: u32) -> Option<BwdTiles> {
+    use crate::spec::{Layout, Mask};
+    if spec.mask != Mask::None || spec.softcap || spec.layout != Layout::Dense {
+        return None;
+    }
+    let t = |num_warps, block_n, block_m, acc_chunk| BwdTiles {
+        num_warps,
+        block_n,
+        block_m,
+        q_stages: 0,
+        acc_chunk,
+    };
+    match dmax {
+        64 => Some(t(4, 128, 64, 16)),
+        // ptxas for sm_90a spills 40 B at this shape (sm_80: none).
+        128 if spec.arch == Arch::Sm80 => Some(t(8, 128, 64, 32)),
+        _ => None,
+    }
+}
+
 /// An explicit main-kernel tile shape (tuning: `plan_bwd_sm80_with`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct BwdTiles {
@@ -365,7 +389,8 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
             (2, 16, 16),
         ]
     };
-    let main = match forced {
+    let unmasked = unmasked_shape(spec, dmax).filter(|_| forced.is_none());
+    let main = match forced.or(unmasked) {
         Some(t) => try_main(spec, t, dqk, dv, u32::MAX)?,
         None => preferred.iter().find_map(|&(num_warps, block_n, block_m)| {
             let t = BwdTiles {
@@ -378,6 +403,12 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
             try_main(spec, t, dqk, dv, REG_BUDGET)
         })?,
     };
+    if unmasked.is_some() {
+        reasons.push(
+            "main: the shape measured fastest for dense unmasked specs without softcap (compiles spill-free only without a mask)"
+                .into(),
+        );
+    }
     reasons.push(format!(
         "main: {} warps, block_n={} kv rows x block_m={} query rows; warp grids S {:?}, dK {:?}, dV {:?}, dQ {:?}; S/dQ accumulators in chunks of <= {} f32; ~{} regs/thread estimated",
         main.num_warps, main.block_n, main.block_m, main.warps_s, main.warps_dk, main.warps_dv, main.warps_dq, main.acc_chunk, main.regs
@@ -419,7 +450,6 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
         dq_smem: dq_smem_bytes,
         row_warps: ROW_WARPS,
         acc_chunk: main.acc_chunk,
-        pin_frags: false,
     };
     Some(KernelPlan {
         spec: *spec,
@@ -441,7 +471,7 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
         reasons,
         consumer_pipelined: false,
         pingpong: false,
-        head_major: false,
+        head_major: true,
         bwd: Some(bwd),
     })
 }
@@ -474,29 +504,40 @@ pub const SM90A_BWD_BLOCK_N: u32 = 128;
 /// fast mode, equal head dims of at most 128 (padded to 64-column chunks).
 /// `Err` says why a spec is not taken. The planner's choice for those specs
 /// ([`plan_bwd`]): on the H200 (2026-12-03, `make gpu-bench`) 1.35–1.72× the
-/// sm80 path at d128, 1.0–1.2× FlashAttention-2; ±5% of the sm80 path at
-/// d64 under a mask, +5–16% without.
+/// sm80 path at d128, 1.0–1.2× FlashAttention-2; at d ≤ 64 with 128-row
+/// query tiles (2026-12-03 17:30) 1.12–1.35× the 64-row form.
 pub fn plan_bwd_sm90a(spec: &AttnSpec) -> Result<KernelPlan, String> {
-    plan_bwd_sm90a_with(spec, Sm90aBwdOptions::default())
+    plan_bwd_sm90a_with(spec, Sm90aBwdOptions::planned(spec))
 }
 
-/// The free choices of the wgmma backward (tuning; the defaults are the
-/// planner's, GPU-verified form).
+/// The free choices of the wgmma backward (tuning; [`Sm90aBwdOptions::planned`]
+/// is the planner's choice).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub struct Sm90aBwdOptions {
-    /// See [`BwdPlan::pin_frags`].
-    pub pin_frags: bool,
     /// 128-row query tiles (d ≤ 64 only; the warpgroups split dQ's rows);
     /// false = 64-row tiles.
     pub tall_query_tiles: bool,
 }
 
+impl Sm90aBwdOptions {
+    /// The planner's options for a spec: 128-row query tiles at d ≤ 64
+    /// (H200, `make gpu-bench` 2026-12-03 17:30: +20–35% non-causal, +12–24%
+    /// causal over 64-row tiles) except ragged THD without a mask, which
+    /// NVRTC 13.0 builds at 255 registers with 12 B spilled (the compile
+    /// sweep).
+    pub fn planned(spec: &AttnSpec) -> Self {
+        use crate::spec::{Layout, Mask};
+        let small = round_up(spec.head_dim_qk.max(spec.head_dim_v) as u32, 64) <= 64;
+        let spills = spec.layout == Layout::Thd && spec.mask == Mask::None;
+        Sm90aBwdOptions {
+            tall_query_tiles: small && !spills,
+        }
+    }
+}
+
 /// [`plan_bwd_sm90a`] with explicit options (see [`Sm90aBwdOptions`]).
 pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<KernelPlan, String> {
-    let Sm90aBwdOptions {
-        pin_frags,
-        tall_query_tiles,
-    } = opts;
+    let Sm90aBwdOptions { tall_query_tiles } = opts;
     if spec.arch != Arch::Sm90a {
         return Err("the wgmma backward needs sm90a".into());
     }
@@ -525,7 +566,7 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<Ker
     let block_m = if tall_query_tiles { 128 } else { SM90A_BWD_BLOCK_M };
     let mut reasons = vec![format!(
         "sm90a: wgmma backward (fast mode), two warpgroups of 64 kv rows, block_n=128, {block_m}-row query tiles; \
-         measured 1.35-1.72x the sm80 path at d128 on the H200 (1.5-1.7x from seqlen 2k)"
+         measured on the H200: 1.35-1.72x the sm80 path at d128, 1.1-1.55x at d64 with 128-row query tiles"
     )];
     if d != spec.head_dim_qk as u32 {
         reasons.push(format!(
@@ -547,9 +588,6 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<Ker
     reasons.push(
         "GQA: each block loops over the query heads of its kv head, so dK/dV need no workspace and no atomics".into(),
     );
-    if pin_frags {
-        reasons.push("Pᵀ fragments materialized before dV's wgmma fence (no injected warpgroup.arrive)".into());
-    }
     let bwd = BwdPlan {
         block_m,
         block_n: SM90A_BWD_BLOCK_N,
@@ -568,7 +606,6 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<Ker
         dq_smem: 0,
         row_warps: ROW_WARPS,
         acc_chunk: 0,
-        pin_frags,
     };
     Ok(KernelPlan {
         spec: *spec,
@@ -590,7 +627,7 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<Ker
         reasons,
         consumer_pipelined: false,
         pingpong: false,
-        head_major: false,
+        head_major: true,
         bwd: Some(bwd),
     })
 }
@@ -644,12 +681,19 @@ mod tests {
                     p.head_dim_qk_padded <= 128 && p.head_dim_qk_padded.is_multiple_of(64),
                     "{spec}"
                 );
+                // 128-row query tiles at d <= 64 (not ragged unmasked), 64-row ones above.
+                let ragged_unmasked = spec.layout == Layout::Thd && spec.mask == Mask::None;
+                let block_m = if p.head_dim_qk_padded <= 64 && !ragged_unmasked {
+                    128
+                } else {
+                    64
+                };
                 assert_eq!(
                     b.main_smem,
-                    sm90a_main_smem(64, p.head_dim_qk_padded, p.head_dim_v_padded)
+                    sm90a_main_smem(block_m, p.head_dim_qk_padded, p.head_dim_v_padded)
                 );
                 assert!(b.main_smem <= spec.arch.max_smem_per_block(), "{spec}");
-                assert_eq!((b.block_m, b.block_n, b.num_warps), (64, 128, 8));
+                assert_eq!((b.block_m, b.block_n, b.num_warps), (block_m, 128, 8));
                 continue;
             }
             if spec.arch == Arch::Sm90a {
@@ -727,13 +771,46 @@ mod tests {
     #[test]
     fn default_chunks_follow_the_register_rule() {
         for (s, chunk) in [
-            ("bwd.bf16.d64.none.dense.sm80", 32),
+            ("bwd.bf16.d64.causal-tl.dense.sm80", 32),
             ("bwd.bf16.d64.none.dense.softcap.sm80", 16),
-            ("bwd.bf16.d128.none.dense.sm80", 16),
+            ("bwd.bf16.d128.causal-tl.dense.sm80", 16),
             ("bwd.bf16.d256.causal-br.dense.sm90a", 16),
         ] {
             let spec: AttnSpec = s.parse().unwrap();
             assert_eq!(plan(&spec).unwrap().bwd.unwrap().acc_chunk, chunk, "{s}");
+        }
+    }
+
+    #[test]
+    fn unmasked_dense_specs_take_their_measured_shapes() {
+        let shape = |s: &str| {
+            let p = plan_bwd_sm80(&s.parse().unwrap()).unwrap();
+            let b = p.bwd.unwrap();
+            (b.num_warps, b.block_n, b.block_m, b.acc_chunk)
+        };
+        assert_eq!(shape("bwd.bf16.d64.none.dense.sm80"), (4, 128, 64, 16));
+        assert_eq!(shape("bwd.f16.d64.none.dense.det.sm90a"), (4, 128, 64, 16));
+        assert_eq!(shape("bwd.bf16.d128.none.dense.sm80"), (8, 128, 64, 32));
+        assert_eq!(shape("bwd.bf16.d128.none.dense.sm90a"), (8, 128, 64, 16));
+        // A mask, softcap or a ragged layout keeps the general choice.
+        assert_eq!(shape("bwd.bf16.d64.causal-tl.dense.sm80"), (8, 128, 128, 32));
+        assert_eq!(shape("bwd.bf16.d64.none.thd.sm80"), (8, 128, 128, 32));
+        assert_eq!(shape("bwd.bf16.d128.none.dense.softcap.sm80"), (8, 128, 64, 16));
+        assert_eq!(shape("bwd.bf16.d256.none.dense.sm80").0, 8);
+    }
+
+    #[test]
+    fn wgmma_backward_takes_tall_query_tiles_up_to_d64() {
+        for (s, block_m) in [
+            ("bwd.bf16.d32.none.dense.sm90a", 128),
+            ("bwd.bf16.d64.causal-br.thd.softcap.sm90a", 128),
+            ("bwd.bf16.d64.none.thd.sm90a", 64),
+            ("bwd.f16.d96.none.dense.sm90a", 64),
+            ("bwd.bf16.d128.window.dense.sm90a", 64),
+        ] {
+            let p = plan_bwd_sm90a(&s.parse().unwrap()).unwrap();
+            assert_eq!(p.block_m, block_m, "{s}");
+            assert_eq!(p.bwd.unwrap().block_m, block_m, "{s}");
         }
     }
 

@@ -167,6 +167,7 @@ struct BwdContext {
     dqb_warps: u32,
     dqb_stages: u32,
     acc_chunk: u32,
+    head_major: bool,
 }
 
 /// The values the Hopper backward template sees.
@@ -191,7 +192,7 @@ struct BwdSm90aContext {
     is_thd: bool,
     softcap: bool,
     row_warps: u32,
-    pin_frags: bool,
+    head_major: bool,
 }
 
 /// Mask kind as the templates number it (see `templates/common/mask.cuh`).
@@ -250,6 +251,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
             dqb_warps: b.dq_warps,
             dqb_stages: b.dq_kv_stages,
             acc_chunk: b.acc_chunk,
+            head_major: plan.head_major,
         })
         .map_err(ctx_err)?,
         (Template::BwdSm90a, Some(b)) => {
@@ -273,7 +275,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
                 is_thd: spec.layout == Layout::Thd,
                 softcap: spec.softcap,
                 row_warps: b.row_warps,
-                pin_frags: b.pin_frags,
+                head_major: plan.head_major,
             })
             .map_err(ctx_err)?
         }
@@ -384,6 +386,22 @@ mod tests {
     }
 
     #[test]
+    fn backward_block_order_reaches_the_source() {
+        for s in ["bwd.bf16.d128.causal-tl.dense.det.sm80", "bwd.bf16.d64.none.thd.sm90a"] {
+            let mut p = plan(&s.parse().unwrap()).unwrap();
+            assert!(p.head_major, "{s}: head-major by default");
+            let hm = render(&p).unwrap().source;
+            p.head_major = false;
+            let old = render(&p).unwrap().source;
+            assert!(
+                hm.contains("lin / gridDim.y") && !old.contains("lin / gridDim.y"),
+                "{s}"
+            );
+            assert!(old.contains("BlockTile{(int)blockIdx.x, (int)blockIdx.y}"), "{s}");
+        }
+    }
+
+    #[test]
     fn sm90a_schedule_options_reach_the_source() {
         use crate::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
         let spec = AttnSpec::fwd(DType::Bf16, 128, Mask::CausalTopLeft, Layout::Dense, Arch::Sm90a);
@@ -425,27 +443,6 @@ mod tests {
             }
             assert!(r.source.contains(&format!("constexpr bool DETERMINISTIC = {det};")));
         }
-    }
-
-    #[test]
-    fn sm90a_backward_pin_option_reaches_the_source() {
-        use crate::plan::plan_bwd::{plan_bwd_sm90a_with, Sm90aBwdOptions};
-        let spec: AttnSpec = "bwd.bf16.d128.causal-br.dense.sm90a".parse().unwrap();
-        let src = |pin_frags| {
-            let opts = Sm90aBwdOptions {
-                pin_frags,
-                ..Default::default()
-            };
-            render(&plan_bwd_sm90a_with(&spec, opts).unwrap()).unwrap().source
-        };
-        let (plain, pinned) = (src(false), src(true));
-        assert_eq!(plain.matches("pin_frags(pa);").count(), 0);
-        assert_eq!(pinned.matches("pin_frags(pa);").count(), 1);
-        assert_eq!(
-            render(&plan(&spec).unwrap()).unwrap().source,
-            plain,
-            "the planner's form is unpinned"
-        );
     }
 
     #[test]

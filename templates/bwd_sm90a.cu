@@ -144,16 +144,6 @@ __device__ __forceinline__ void pack_frags(unsigned (&a)[N / 16][4], const float
     }
 }
 
-// Materialize register-A fragments before the wgmma fence that follows (plan
-// option `pin_frags`): left to itself, ptxas sinks the packing of P^T past
-// the fence, to just before each register-A wgmma of dV, and injects a
-// warpgroup.arrive there (C7519), which serializes those issues.
-__device__ __forceinline__ void pin_frags(unsigned (&a)[M_KSTEPS][4]) {
-#pragma unroll
-    for (int kk = 0; kk < M_KSTEPS; ++kk)
-        asm volatile("" : "+r"(a[kk][0]), "+r"(a[kk][1]), "+r"(a[kk][2]), "+r"(a[kk][3]));
-}
-
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {{ entry }}(const BwdParams p) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -166,8 +156,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int tid = threadIdx.x, lane = tid % 32;
     const int wg = tid / 128, wl = (tid / 32) % 4;       // warpgroup; warp within it
     const int g = lane / 4, t = lane % 4;
-    const int b = blockIdx.x / p.heads_kv, hk = blockIdx.x % p.heads_kv;
-    const int n0 = blockIdx.y * BLOCK_N;
+    const BlockTile bt = block_tile();
+    const int b = bt.bh / p.heads_kv, hk = bt.bh % p.heads_kv;
+    const int n0 = bt.tile * BLOCK_N;
     const SeqInfo si = seq_info(p, b);
     const int sq = si.sq, sk = si.sk;
     if (n0 >= sk) return;                                // whole block uniform
@@ -281,9 +272,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% endif %}
         }
         pack_frags<BLOCK_M>(pa, acc_s);
-{% if pin_frags %}
-        pin_frags(pa);
-{% endif %}
         // dP^T = V_w dO^T and dV += P^T dO, one commit group.
         float acc_dp[M_TILES][4];
         wgmma_fence();

@@ -749,6 +749,27 @@ fn tune(gpu: Option<((i32, i32), attnforge::Arch)>) {
                     k.plan.smem_bytes
                 );
             }
+            // The block order on the planner's own kernels (the sm80 path and,
+            // where it takes the spec, the wgmma backward): the head-major
+            // default against the old order, all heads of one kv tile first.
+            let Some(p) = &problem else { continue };
+            use attnforge::plan::plan_bwd::{plan_bwd_sm80, plan_bwd_sm90a};
+            for (what, plan) in [
+                ("sm80 path", plan_bwd_sm80(&spec)),
+                ("wgmma", plan_bwd_sm90a(&spec).ok()),
+            ] {
+                let Some(plan) = plan else { continue };
+                for head_major in [false, true] {
+                    let mut plan = plan.clone();
+                    plan.head_major = head_major;
+                    let timing = attnforge::jit::build_plan(plan)
+                        .ok()
+                        .and_then(|k| p.time_ms(&k))
+                        .map(|ms| format!("{ms:8.3} ms {:6.1} TFLOP/s", p.flops() / ms / 1e9))
+                        .unwrap_or_else(|| "build or launch failed".into());
+                    println!("tune {spec} {what} planner shape head_major={head_major:<5} {timing}");
+                }
+            }
         }
     }
 }
@@ -830,28 +851,22 @@ fn gpu_backward_matches_f64_reference() {
     let mut failed = 0;
     let mut seen = Vec::new();
     // Every case the planner gives the wgmma backward also runs on the sm80
-    // instruction path and on the wgmma backward's `pin_frags` option, so
-    // that one H200 run checks every form.
+    // instruction path and, at d <= 64, on the wgmma backward's 64-row query
+    // tiles (the planner takes 128-row ones there), so that one H200 run
+    // checks every form.
     let mut runs: Vec<(&Case, AttnSpec, Option<attnforge::CompiledKernel>)> = Vec::new();
     for (c, spec) in &todo {
         runs.push((c, *spec, None));
-        if attnforge::plan::plan_bwd::plan_bwd_sm90a(spec).is_ok() {
-            let sm80 = attnforge::plan::plan_bwd::plan_bwd_sm80(spec).ok_or_else(|| "no sm80-path plan".to_string());
-            use attnforge::plan::plan_bwd::{plan_bwd_sm90a_with, Sm90aBwdOptions};
-            let pinned = plan_bwd_sm90a_with(
-                spec,
-                Sm90aBwdOptions {
-                    pin_frags: true,
-                    ..Default::default()
-                },
-            );
-            let mut alternatives = vec![sm80, pinned];
-            let tall = Sm90aBwdOptions {
-                tall_query_tiles: true,
-                ..Default::default()
-            };
-            if let Ok(plan) = plan_bwd_sm90a_with(spec, tall) {
-                alternatives.push(Ok(plan));
+        use attnforge::plan::plan_bwd::{plan_bwd_sm80, plan_bwd_sm90a, plan_bwd_sm90a_with, Sm90aBwdOptions};
+        if plan_bwd_sm90a(spec).is_ok() {
+            let sm80 = plan_bwd_sm80(spec).ok_or_else(|| "no sm80-path plan".to_string());
+            let mut alternatives = vec![sm80];
+            let planned = Sm90aBwdOptions::planned(spec);
+            if planned.tall_query_tiles {
+                let short = Sm90aBwdOptions {
+                    tall_query_tiles: false,
+                };
+                alternatives.push(plan_bwd_sm90a_with(spec, short));
             }
             for plan in alternatives {
                 match plan.and_then(|plan| attnforge::jit::build_plan(plan).map_err(|e| e.to_string())) {
@@ -866,9 +881,8 @@ fn gpu_backward_matches_f64_reference() {
         let t0 = std::time::Instant::now();
         let out = run_case(c, *spec, kernel.as_ref(), &mut rng);
         let template = match kernel {
-            Some(k) if k.plan.bwd.as_ref().is_some_and(|b| b.pin_frags) => "bwd_sm90a.cu pinned P fragments",
-            Some(k) if k.plan.template == attnforge::plan::Template::BwdSm90a && k.plan.block_m == 128 => {
-                "bwd_sm90a.cu 128-row query tiles"
+            Some(k) if k.plan.template == attnforge::plan::Template::BwdSm90a && k.plan.block_m == 64 => {
+                "bwd_sm90a.cu 64-row query tiles"
             }
             Some(k) => k.plan.template.file(),
             None => attnforge::plan(spec).map_or("?", |p| p.template.file()),

@@ -428,6 +428,21 @@ __device__ __forceinline__ SeqInfo seq_info(const BwdParams& p, int b) {
     return s;
 }
 
+// The block's work item of a (batch x heads, tiles) grid: `bh` indexes
+// (batch, head), `tile` its kv tile (main kernels) or query tile (the dQ
+// kernel). The hardware starts blocks in linear order, x fastest.
+struct BlockTile {
+    int bh, tile;
+};
+__device__ __forceinline__ BlockTile block_tile() {
+    // Head-major: consecutive blocks take consecutive tiles of one (batch,
+    // head), so the blocks in flight share its operands and dQ accumulator in
+    // L2 instead of streaming every head's (ncu, sm80-path d128 b4 s4096: L2
+    // hit rate 67% and 1 TB/s from DRAM in the other order).
+    const long long lin = (long long)blockIdx.y * gridDim.x + blockIdx.x;
+    return BlockTile{(int)(lin / gridDim.y), (int)(lin % gridDim.y)};
+}
+
 // ---- _pre: Dsum = rowsum(dO * O); zero dq_accum ----------------------------------
 
 extern "C" __global__ void __launch_bounds__(ROW_WARPS * 32)
@@ -617,16 +632,6 @@ __device__ __forceinline__ void pack_frags(unsigned (&a)[N / 16][4], const float
     }
 }
 
-// Materialize register-A fragments before the wgmma fence that follows (plan
-// option `pin_frags`): left to itself, ptxas sinks the packing of P^T past
-// the fence, to just before each register-A wgmma of dV, and injects a
-// warpgroup.arrive there (C7519), which serializes those issues.
-__device__ __forceinline__ void pin_frags(unsigned (&a)[M_KSTEPS][4]) {
-#pragma unroll
-    for (int kk = 0; kk < M_KSTEPS; ++kk)
-        asm volatile("" : "+r"(a[kk][0]), "+r"(a[kk][1]), "+r"(a[kk][2]), "+r"(a[kk][3]));
-}
-
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 attnforge_bwd_bf16_d128_causal_br_dense_sm90a(const BwdParams p) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -639,8 +644,9 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm90a(const BwdParams p) {
     const int tid = threadIdx.x, lane = tid % 32;
     const int wg = tid / 128, wl = (tid / 32) % 4;       // warpgroup; warp within it
     const int g = lane / 4, t = lane % 4;
-    const int b = blockIdx.x / p.heads_kv, hk = blockIdx.x % p.heads_kv;
-    const int n0 = blockIdx.y * BLOCK_N;
+    const BlockTile bt = block_tile();
+    const int b = bt.bh / p.heads_kv, hk = bt.bh % p.heads_kv;
+    const int n0 = bt.tile * BLOCK_N;
     const SeqInfo si = seq_info(p, b);
     const int sq = si.sq, sk = si.sk;
     if (n0 >= sk) return;                                // whole block uniform
@@ -746,7 +752,6 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm90a(const BwdParams p) {
 
         }
         pack_frags<BLOCK_M>(pa, acc_s);
-
         // dP^T = V_w dO^T and dV += P^T dO, one commit group.
         float acc_dp[M_TILES][4];
         wgmma_fence();

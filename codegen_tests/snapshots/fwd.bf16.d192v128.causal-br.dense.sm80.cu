@@ -1,12 +1,12 @@
 // attnforge generated kernel: fwd.bf16.d192v128.causal-br.dense.sm80
 // template fwd_sm80.cu — FlashAttention-2-style forward on the sm80 instruction
-// path (mma.sync m16n8k16, ldmatrix, cp.async). Plan: block_m=64
-// block_n=32 warps=4 m_tiles/warp=1.
+// path (mma.sync m16n8k16, ldmatrix, cp.async). Plan: block_m=128
+// block_n=64 warps=8 m_tiles/warp=1.
 // Do not edit: rendered by attnforge from templates/fwd_sm80.cu.
 
-constexpr int BLOCK_M = 64;
-constexpr int BLOCK_N = 32;
-constexpr int NUM_WARPS = 4;
+constexpr int BLOCK_M = 128;
+constexpr int BLOCK_N = 64;
+constexpr int NUM_WARPS = 8;
 constexpr int THREADS = NUM_WARPS * 32;
 constexpr int M_TILES = 1;               // 16-row MMA tiles per warp
 constexpr int D_QK = 192;                     // real head dims
@@ -244,7 +244,7 @@ __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, lon
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
 attnforge_fwd_bf16_d192v128_causal_br_dense_sm80(const FwdParams p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     elem_t* sQ = reinterpret_cast<elem_t*>(smem_raw);

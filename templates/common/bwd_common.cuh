@@ -202,6 +202,25 @@ __device__ __forceinline__ SeqInfo seq_info(const BwdParams& p, int b) {
     return s;
 }
 
+// The block's work item of a (batch x heads, tiles) grid: `bh` indexes
+// (batch, head), `tile` its kv tile (main kernels) or query tile (the dQ
+// kernel). The hardware starts blocks in linear order, x fastest.
+struct BlockTile {
+    int bh, tile;
+};
+__device__ __forceinline__ BlockTile block_tile() {
+{%- if head_major %}
+    // Head-major: consecutive blocks take consecutive tiles of one (batch,
+    // head), so the blocks in flight share its operands and dQ accumulator in
+    // L2 instead of streaming every head's (ncu, sm80-path d128 b4 s4096: L2
+    // hit rate 67% and 1 TB/s from DRAM in the other order).
+    const long long lin = (long long)blockIdx.y * gridDim.x + blockIdx.x;
+    return BlockTile{(int)(lin / gridDim.y), (int)(lin % gridDim.y)};
+{%- else %}
+    return BlockTile{(int)blockIdx.x, (int)blockIdx.y};
+{%- endif %}
+}
+
 // ---- _pre: Dsum = rowsum(dO * O); zero dq_accum ----------------------------------
 
 extern "C" __global__ void __launch_bounds__(ROW_WARPS * 32)
