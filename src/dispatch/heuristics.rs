@@ -29,27 +29,72 @@ use super::generated::GENERATED;
 use super::policy::{Policy, PolicyList};
 use super::problem::ProblemKey;
 
-/// Default preference per direction and device generation, fastest first
-/// as measured on the H200 (bf16, same-run `make gpu-bench`,
-/// docs/benchmarks/2026-12-03-s5-bench.md): cuDNN ahead of FlashAttention-2
-/// in both directions. On Hopper our forward is the wgmma/TMA kernel,
-/// 1.1-2.6x the FA2 forward and 0.88-1.23x cuDNN's from seqlen 2k on (but
-/// 0.65-0.80x at seqlen 512), so it ranks between them (the problem key has
-/// no sequence-length bucket to rank it first for long rows); elsewhere the
-/// forward is the sm80 path (0.74-1.02x FA2) and ranks last. Our backward
-/// ranks last: the Hopper wgmma backward is 1.0-1.2x FA2 at d128 but
-/// 0.73-0.91x at d64 and 0.45-0.65x cuDNN; the sm80 path 0.6-0.95x FA2.
+/// Default preference per direction, device generation and (where a row says
+/// so) problem, fastest first as measured on the H200 (bf16, same-run
+/// `make gpu-bench`, docs/benchmarks/2026-12-03-s6-bench.md): cuDNN ahead of
+/// FlashAttention-2 in both directions. On Hopper our forward is the
+/// wgmma/TMA kernel, 1.3-2.6x the FA2 forward and 0.98-1.28x cuDNN's from
+/// seqlen 2k on (but 0.65-0.83x at seqlen 512), so it ranks between them (the
+/// problem key has no sequence-length bucket to rank it first for long rows);
+/// elsewhere the forward is the sm80 path (0.8-1.06x FA2) and ranks last. Our
+/// backward ranks between cuDNN and FA2 where the Hopper wgmma backward takes
+/// the problem (fast mode, equal head dims <= 128: 1.03-1.20x FA2 at d128,
+/// 0.96-1.15x at d64; 0.55-0.74x cuDNN) and last elsewhere (the sm80 path,
+/// 0.62-0.98x FA2, d256 0.67-0.95x).
 /// Ours still take what the others decline (softcap, sliding windows,
 /// bottom-right causal with seqlen_q != seqlen_k, deterministic backward,
 /// ...) and everything where no front end registers direct backends (Rust
-/// callers, the C ABI).
-/// Rows: (direction, lowest compute-capability major the row applies to,
-/// order); the first row that applies wins. Revisit with each new figure.
-pub const DEFAULT_RANKING: &[(Direction, u8, &[&str])] = &[
-    (Direction::Fwd, 9, &[TORCH_CUDNN, GENERATED, TORCH_FLASH]),
-    (Direction::Fwd, 0, &[TORCH_CUDNN, TORCH_FLASH, GENERATED]),
-    (Direction::Bwd, 0, &[TORCH_CUDNN, TORCH_FLASH, GENERATED]),
+/// callers, the C ABI). The first row that applies wins. Revisit with each
+/// new figure.
+pub const DEFAULT_RANKING: &[RankRow] = &[
+    RankRow {
+        direction: Direction::Fwd,
+        min_major: 9,
+        when: always,
+        order: &[TORCH_CUDNN, GENERATED, TORCH_FLASH],
+    },
+    RankRow {
+        direction: Direction::Fwd,
+        min_major: 0,
+        when: always,
+        order: &[TORCH_CUDNN, TORCH_FLASH, GENERATED],
+    },
+    RankRow {
+        direction: Direction::Bwd,
+        min_major: 9,
+        when: wgmma_backward_takes,
+        order: &[TORCH_CUDNN, GENERATED, TORCH_FLASH],
+    },
+    RankRow {
+        direction: Direction::Bwd,
+        min_major: 0,
+        when: always,
+        order: &[TORCH_CUDNN, TORCH_FLASH, GENERATED],
+    },
 ];
+
+/// One row of [`DEFAULT_RANKING`]: applies to `direction` on devices of
+/// compute capability major >= `min_major` for the problems where `when`
+/// holds (a pure function of the problem key, so a decision cached by key
+/// stays right).
+#[derive(Debug, Clone, Copy)]
+pub struct RankRow {
+    pub direction: Direction,
+    pub min_major: u8,
+    pub when: fn(&ProblemKey) -> bool,
+    pub order: &'static [&'static str],
+}
+
+fn always(_: &ProblemKey) -> bool {
+    true
+}
+
+/// The planner would run this problem's backward on the Hopper wgmma
+/// template (`plan_bwd_sm90a` accepts its spec).
+fn wgmma_backward_takes(key: &ProblemKey) -> bool {
+    key.spec(Direction::Bwd)
+        .is_ok_and(|s| crate::plan::plan_bwd::plan_bwd_sm90a(&s).is_ok())
+}
 
 type Backends = Vec<Arc<dyn Backend>>;
 
@@ -124,8 +169,8 @@ pub struct Decision {
 fn default_order(direction: Direction, key: &ProblemKey, backends: &[Arc<dyn Backend>]) -> Vec<Arc<dyn Backend>> {
     let table: &[&str] = DEFAULT_RANKING
         .iter()
-        .find(|(d, major, _)| *d == direction && key.cc.major >= *major)
-        .map(|(_, _, names)| *names)
+        .find(|r| r.direction == direction && key.cc.major >= r.min_major && (r.when)(key))
+        .map(|r| r.order)
         .unwrap_or(&[]);
     let rank = |b: &Arc<dyn Backend>| table.iter().position(|n| *n == b.name()).unwrap_or(table.len());
     let mut order: Vec<Arc<dyn Backend>> = backends.to_vec();

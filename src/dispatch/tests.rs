@@ -39,8 +39,8 @@ fn order(dd: &DirDecision) -> Vec<&'static str> {
 #[test]
 fn default_ranking_follows_measured_speed() {
     // On a plain problem every backend is eligible; the measured order
-    // decides: on Hopper cuDNN, ours (wgmma), FA2 forward and cuDNN, FA2,
-    // ours backward; on sm80 ours last in both directions.
+    // decides: on Hopper cuDNN, ours (wgmma), FA2 in both directions while
+    // the wgmma backward takes the problem; on sm80 ours last in both.
     let d = torch(Policy::auto());
     let p = dense(128).with_mask(Mask::CausalBottomRight).with_grad();
     let mut p80 = p;
@@ -55,8 +55,22 @@ fn default_ranking_follows_measured_speed() {
     assert_eq!(dec.fwd.ranked[1].verdict, Verdict::Eligible);
     assert_eq!(dec.fwd.ranked[2].verdict, Verdict::Eligible);
     assert_eq!(dec.bwd.chosen().unwrap().name(), "torch-cudnn");
-    assert_eq!(order(&dec.bwd), ["torch-cudnn", "torch-flash", "generated"]);
+    assert_eq!(order(&dec.bwd), ["torch-cudnn", "generated", "torch-flash"]);
     assert_eq!(dec.bwd.ranked[2].verdict, Verdict::Eligible);
+    assert_eq!(
+        order(&d.decide_problem(&p80).unwrap().bwd),
+        ["torch-cudnn", "torch-flash", "generated"]
+    );
+    // d256 (the sm80 path on Hopper too) and the deterministic mode: ours last.
+    for q in [
+        dense(256).with_mask(Mask::CausalBottomRight).with_grad(),
+        p.with_deterministic(),
+    ] {
+        assert_eq!(
+            order(&d.decide_problem(&q).unwrap().bwd),
+            ["torch-cudnn", "torch-flash", "generated"]
+        );
+    }
     // A policy picks ours, per direction, with the spec it would run.
     d.set_policy(Policy::auto().with_fwd("generated").with_bwd("generated"));
     let dec = d.decide_problem(&p).unwrap();
