@@ -158,19 +158,9 @@ struct MainChoice {
 
 /// Default column-chunk limit: 16 f32 per array when the dK/dV accumulators
 /// already take 96 f32 per thread or more, or with softcap (its tanh terms
-/// are live too), else 32. Exception: d128 at 8 warps without softcap takes
-/// 32 (the S phase unchunked; H200 tune 2026-12-03: +18% causal at 8 x 128 x 64),
-/// except the sm_90a build of a dense unmasked spec, which spills at 32
-/// (that spec runs the wgmma backward; this is its sm80-path form). (Checked
-/// by the compile sweep: no spills.)
-fn default_acc_chunk(persist: u32, spec: &AttnSpec, dmax: u32, num_warps: u32) -> u32 {
-    use crate::spec::{Layout, Mask};
-    let sm90a_dense_unmasked = spec.arch == Arch::Sm90a && spec.mask == Mask::None && spec.layout == Layout::Dense;
-    if spec.softcap {
-        16
-    } else if dmax == 128 && num_warps == 8 && !sm90a_dense_unmasked {
-        32
-    } else if persist >= 96 {
+/// are live too), else 32. (Checked by the compile sweep: no spills.)
+fn default_acc_chunk(persist: u32, softcap: bool) -> u32 {
+    if persist >= 96 || softcap {
         16
     } else {
         32
@@ -196,7 +186,7 @@ fn try_main(spec: &AttnSpec, t: BwdTiles, dqk: u32, dv: u32, reg_budget: u32) ->
     let acc_chunk = if t.acc_chunk > 0 {
         t.acc_chunk
     } else {
-        default_acc_chunk(persist, spec, dqk.max(dv), num_warps)
+        default_acc_chunk(persist, spec.softcap)
     };
     let s_arrays = if spec.softcap { 3 } else { 2 };
     let phase_s = s_arrays * per(block_n / warps_s.0, block_m / warps_s.1).min(acc_chunk);
@@ -783,10 +773,7 @@ mod tests {
         for (s, chunk) in [
             ("bwd.bf16.d64.causal-tl.dense.sm80", 32),
             ("bwd.bf16.d64.none.dense.softcap.sm80", 16),
-            ("bwd.bf16.d128.causal-tl.dense.sm80", 32),
-            ("bwd.bf16.d128.none.dense.det.sm90a", 16),
-            ("bwd.bf16.d128.causal-tl.dense.det.sm90a", 32),
-            ("bwd.bf16.d128.none.dense.softcap.sm80", 16),
+            ("bwd.bf16.d128.causal-tl.dense.sm80", 16),
             ("bwd.bf16.d256.causal-br.dense.sm90a", 16),
         ] {
             let spec: AttnSpec = s.parse().unwrap();

@@ -1,8 +1,8 @@
 // attnforge generated kernel: bwd.bf16.d128.causal-br.dense.sm80
 // template bwd_sm80.cu — FlashAttention-2-style backward on the sm80 instruction
-// path (mma.sync m16n8k16, ldmatrix, cp.async). Plan: block_n=64 kv rows x
-// block_m=64 query rows, 8 warps, Q/dO stages=2,
-// S/dQ accumulator chunks <= 32 f32 per thread.
+// path (mma.sync m16n8k16, ldmatrix, cp.async). Plan: block_n=128 kv rows x
+// block_m=64 query rows, 8 warps, Q/dO stages=1,
+// S/dQ accumulator chunks <= 16 f32 per thread.
 // Do not edit: rendered by attnforge from templates/bwd_sm80.cu.
 //
 // Entry points (one shared BwdParams), launched in this order:
@@ -18,10 +18,10 @@
 // dQ and dK at the end). dV = P^T dO, dK = scale * dS^T Q, dQ = scale * dS K.
 
 constexpr int BLOCK_M = 64;               // query rows per inner step (main)
-constexpr int BLOCK_N = 64;               // kv rows per block (main)
+constexpr int BLOCK_N = 128;               // kv rows per block (main)
 constexpr int NUM_WARPS = 8;
 constexpr int THREADS = NUM_WARPS * 32;
-constexpr int Q_STAGES = 2;             // Q/dO shared-memory buffers
+constexpr int Q_STAGES = 1;             // Q/dO shared-memory buffers
 constexpr int D_QK = 128;                     // real head dims
 constexpr int D_V = 128;
 constexpr int DQK = 128;                  // padded (multiple of 16; see the plan)
@@ -38,9 +38,9 @@ constexpr bool DETERMINISTIC = false;
 // beyond rows*cols sit the product out). Every warp tile is a multiple of 16x16.
 constexpr int S_WN = 4, S_WM = 2;      // S^T, dP^T: [BLOCK_N x BLOCK_M]
 constexpr int S_ROWS = BLOCK_N / S_WN, S_COLS = BLOCK_M / S_WM;
-constexpr int DK_WN = 2, DK_WD = 4;  // dK: [BLOCK_N x DQK]
+constexpr int DK_WN = 4, DK_WD = 2;  // dK: [BLOCK_N x DQK]
 constexpr int DK_ROWS = BLOCK_N / DK_WN, DK_COLS = DQK / DK_WD;
-constexpr int DV_WN = 2, DV_WD = 4;  // dV: [BLOCK_N x DV]
+constexpr int DV_WN = 4, DV_WD = 2;  // dV: [BLOCK_N x DV]
 constexpr int DV_ROWS = BLOCK_N / DV_WN, DV_COLS = DV / DV_WD;
 constexpr int DQ_WM = 2, DQ_WD = 4;  // dQ: [BLOCK_M x DQK] (fast mode)
 constexpr int DQ_ROWS = BLOCK_M / DQ_WM, DQ_COLS = DQK / DQ_WD;
@@ -49,7 +49,7 @@ constexpr int DQ_ROWS = BLOCK_M / DQ_WM, DQ_COLS = DQK / DQ_WD;
 // accumulators (on top of the dK/dV accumulators held for the whole block)
 // stay within ACC_CHUNK f32 per thread per array (the plan's choice): a chunk
 // re-reads the A operand from shared memory, for fewer live registers.
-constexpr int ACC_CHUNK = 32;
+constexpr int ACC_CHUNK = 16;
 // Largest even divisor of nt with mt * 4 * divisor <= ACC_CHUNK (2 at least).
 constexpr int chunk_nt(int mt, int nt) {
     int best = 2;
