@@ -9,7 +9,11 @@ Rows: no-grad forward; forward with inputs requiring grad (builds the
 autograd graph); a training step (forward + backward); the custom op alone
 (what torch.compile graphs contain, and what every eager call paid before
 the fast path) and the custom op with its autograd formula (the eager
-training path before); the allocation floor (two torch.empty_strided).
+training path before); the allocation floor (two torch.empty_strided). Then
+the fast path piece by piece: the no-grad forward's parts, and the
+training step's generated backward (`_fast_backward` whole, its
+allocations, `BwdLaunch.run` alone). `--profile` adds cProfile tables of
+no-grad calls and of training steps.
 
     python3 scripts/host_overhead.py [--profile]
 """
@@ -102,11 +106,49 @@ def main():
         for name, fn in parts:
             host, _ = per_call(fn)
             print(f"  {name:45s} {host:8.2f} us")
+    # The training step's backward piece by piece: the entry of the grad
+    # calls, with the BwdLaunch its fwd+bwd row made for this dO layout.
+    eg = next((x for x in at._FAST.values() if x is not None and x.bwd), None)
+    launch = None if eg is None else eg.bwd.get(torch.are_deterministic_algorithms_enabled())
+    h = None if launch is None else launch[2].get(dout.stride())
+    if h is None:
+        print(f"no BwdLaunch for the fwd+bwd row (backward by {launch and launch[1]}): no backward breakdown")
+    else:
+        handle, ws_numel = h
+        with torch.no_grad():
+            out, lse = at._fast_forward(eg, qg, kg, vg)
+        dq, dk, dv = (torch.empty_like(t) for t in (qg, kg, vg))
+        ws = torch.empty(ws_numel, dtype=torch.uint8, device=q.device)
+        stream = at._raw_stream(eg.index)
+        (qs, qt), (ks, kt), (vs, vt) = eg.grads
+        parts = [
+            ("_fast_backward (the autograd node's body)", lambda: at._fast_backward(eg, dout, qg, kg, vg, out, lse)),
+            ("three torch.empty_strided (dQ, dK, dV)", lambda: (
+                at._empty_strided(qs, qt, dtype=eg.dtype, device=eg.device),
+                at._empty_strided(ks, kt, dtype=eg.dtype, device=eg.device),
+                at._empty_strided(vs, vt, dtype=eg.dtype, device=eg.device))),
+            (f"workspace torch.empty ({ws_numel} bytes)", lambda: at._empty(ws_numel, dtype=at._U8, device=eg.device)),
+            ("Rust launch alone (BwdLaunch.run)", lambda: handle.run(
+                qg.data_ptr(), kg.data_ptr(), vg.data_ptr(), out.data_ptr(), dout.data_ptr(), dq.data_ptr(),
+                dk.data_ptr(), dv.data_ptr(), lse.data_ptr(), ws.data_ptr(), stream)),
+        ]
+        print(f"breakdown of the fast path's backward ({handle.spec}, producer {handle.producer}):")
+        for name, fn in parts:
+            host, _ = per_call(fn)
+            print(f"  {name:45s} {host:8.2f} us")
     if "--profile" in sys.argv:
         pr = cProfile.Profile()
         pr.enable()
         for _ in range(2000):
             at.scaled_dot_product_attention(q, k, v, is_causal=True)
+        pr.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+        train = step(at.scaled_dot_product_attention)
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(2000):
+            train()
         pr.disable()
         torch.cuda.synchronize()
         pstats.Stats(pr).sort_stats("tottime").print_stats(25)

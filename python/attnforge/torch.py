@@ -772,7 +772,11 @@ sdpa_fwd.register_autograd(_backward, setup_context=_setup_context)
 # check of the data pointers, two torch.empty_strided, one Rust call with the
 # pointers and torch's raw current stream. With autograd, a
 # torch.autograd.Function saves the same backend-neutral context as the custom
-# op's formula and runs the backward chosen by the dispatcher directly.
+# op's formula and runs the backward chosen by the dispatcher directly; a
+# generated backward through a second Rust handle (`_core.BwdLaunch`, kept per
+# deterministic mode and dO strides), so its call is three torch.empty_strided
+# for the gradients, one torch.empty for the workspace and one Rust call; a dO
+# the kernels cannot read in place goes to the executor, which copies it.
 # Anything unusual (tracing/compiling, tensor subclasses, FakeTensors, modes,
 # functorch transforms, another current device, 3-D/5-D inputs, attn_mask,
 # dropout, misaligned pointers, strides the kernels cannot read in place,
@@ -785,15 +789,19 @@ _functorch_on = torch._C._are_functorch_transforms_active
 _grad_on = torch.is_grad_enabled
 _deterministic_on = torch.are_deterministic_algorithms_enabled
 _empty_strided = torch.empty_strided
+_empty = torch.empty
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _cuda_current_device = getattr(torch._C, "_cuda_getDevice", None)
 _PLAIN = torch.Tensor
 _NO_WINDOW = (-1, -1)
 _F32 = torch.float32
+_U8 = torch.uint8
 
 #: Fast-path entries by call signature (None: that signature takes the custom-op path).
 _FAST: Dict[Tuple[Any, ...], Optional["_FastEntry"]] = {}
 _FAST_MAX = 1024
+#: Backward handles per entry and deterministic mode (one per dO layout seen).
+_BWD_LAUNCHES_MAX = 8
 _MISS = object()
 
 
@@ -930,11 +938,39 @@ def _fast_forward(e: _FastEntry, q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tenso
     return out, lse
 
 
+def _bwd_launch(e: _FastEntry, prob: Tuple[Any, ...], q: Tensor, k: Tensor, v: Tensor,
+                dout: Tensor) -> Optional[Tuple[Any, int]]:
+    """``(_core.BwdLaunch, workspace numel)`` for a generated backward of this
+    entry with dO strided like ``dout``, or ``None`` when the handle cannot
+    take it (the executor copies dO, or raises the core's error)."""
+    if not _in_place_ok(dout):
+        return None
+    _ensure_nvrtc()
+    try:
+        h = _core.BwdLaunch(prob, e.fwd, _strides_bsh(q.shape, q.stride()), _strides_bsh(k.shape, k.stride()),
+                            _strides_bsh(v.shape, v.stride()), _strides_bsh(*e.out),
+                            _strides_bsh(dout.shape, dout.stride()), *(_strides_bsh(*g) for g in e.grads), e.index)
+    except (ValueError, NotImplementedError):
+        return None
+    return h, max(h.workspace_bytes, 16)
+
+
+def _bwd_generated_fast(h: Tuple[Any, int], e: _FastEntry, dout: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                        out: Tensor, lse: Tensor, dq: Tensor, dk: Tensor, dv: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    handle, ws_numel = h
+    ws = _empty(ws_numel, dtype=_U8, device=e.device)
+    handle.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(), dq.data_ptr(),
+               dk.data_ptr(), dv.data_ptr(), lse.data_ptr(), ws.data_ptr(), _raw_stream(e.index))
+    return dq, dk, dv
+
+
 def _fast_backward(e: _FastEntry, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                    lse: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     """The body of ``attnforge::sdpa_bwd`` for a fast-path forward: the
     backward the dispatcher chooses (deterministic mode as it is now), on the
-    forward's context, producer = the forward's backend."""
+    forward's context, producer = the forward's backend. A generated backward
+    runs through a ``_core.BwdLaunch`` kept per dO strides (autograd hands dO
+    in any layout); a dO it cannot read in place goes to the executor."""
     det = _deterministic_on()
     b = e.bwd.get(det)
     if b is None:
@@ -943,8 +979,8 @@ def _fast_backward(e: _FastEntry, dout: Tensor, q: Tensor, k: Tensor, v: Tensor,
         _, name, why = _core.decide(prob)
         if name is None:
             raise NotImplementedError(f"attnforge: {why['bwd']}")
-        b = e.bwd[det] = (prob, name)
-    prob, name = b
+        b = e.bwd[det] = (prob, name, {})
+    prob, name, launches = b
     run = _BWD.get(name)
     if run is None:
         raise NotImplementedError(f"attnforge: the torch front end cannot execute backward backend `{name}`")
@@ -952,6 +988,17 @@ def _fast_backward(e: _FastEntry, dout: Tensor, q: Tensor, k: Tensor, v: Tensor,
     dq = _empty_strided(qs, qt, dtype=e.dtype, device=e.device)
     dk = _empty_strided(ks, kt, dtype=e.dtype, device=e.device)
     dv = _empty_strided(vs, vt, dtype=e.dtype, device=e.device)
+    if name == "generated" and type(dout) is _PLAIN:
+        # q, k, v were checked by the forward and O, LSE, dQ, dK, dV come
+        # from the entry's layouts: only dO varies between calls.
+        ds = dout.stride()
+        h = launches.get(ds, _MISS)
+        if h is _MISS:
+            if len(launches) >= _BWD_LAUNCHES_MAX:
+                launches.clear()
+            h = launches[ds] = _bwd_launch(e, prob, q, k, v, dout)
+        if h is not None and dout.data_ptr() % 16 == 0:
+            return _bwd_generated_fast(h, e, dout, q, k, v, out, lse, dq, dk, dv)
     return run(prob, e.fwd, dout, q, k, v, out, lse, None, None, dq, dk, dv, False, e.sq, e.sk, e.scale, e.mask,
                _NO_WINDOW)
 

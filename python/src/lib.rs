@@ -18,11 +18,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use attnforge::dispatch::context::ContextError;
 use attnforge::dispatch::{
     BwdCall, ComputeCapability, DirDecision, DispatchError, Dispatcher, ElemType, FwdCall, FwdContext,
     GeneratedBackend, Policy, Problem, Support, Verdict, Workspace, GENERATED,
 };
 use attnforge::launch::{self, LaunchError, LoadedKernel, TensorArg};
+use attnforge::launch_bwd;
 use attnforge::spec::{AttnSpec, Direction, Layout, Mask};
 use attnforge::Jit;
 use cudarc::driver::{result, sys};
@@ -622,6 +624,251 @@ impl FwdLaunch {
     }
 }
 
+/// A generated backward resolved once for one problem signature, the
+/// backward twin of [`FwdLaunch`] (the eager fast path keeps one per
+/// signature, deterministic mode and dO strides): the dispatcher's support
+/// (spec), the forward's context (the validated problem, producer, LSE
+/// layout, scale, mask; its LSE and `cu_seqlens` pointers are stand-ins a
+/// call replaces), the strides of the eight tensors, the workspace size, the
+/// device, and, after the first launch, the kernels loaded in the current
+/// CUDA context. A call passes only the data pointers and the stream;
+/// `launch_bwd::launch_bwd` still checks every argument (`check_bwd`: null
+/// and 16-byte alignment of each pointer, LSE and Dsum alignment, the
+/// workspace) before the driver launches.
+#[pyclass(frozen, module = "attnforge._core")]
+struct BwdLaunch {
+    support: Support,
+    spec: AttnSpec,
+    ctx: FwdContext,
+    /// (batch, seq, head) strides in elements of q, k, v, O, dO, dQ, dK, dV.
+    strides: [(i64, i64, i64); 8],
+    /// Dsum + the kernel's scratch; the caller's workspace holds this many bytes.
+    workspace_bytes: usize,
+    ordinal: i32,
+    /// (CUDA context, module) of the last launch through the dispatcher.
+    loaded: Mutex<Option<(usize, Arc<LoadedKernel>)>>,
+}
+
+impl BwdLaunch {
+    /// The backward call and the forward's context of one launch: the
+    /// pointers of q, k, v, O, dO, dQ, dK, dV in that order.
+    fn call(
+        &self,
+        ptrs: [u64; 8],
+        lse: u64,
+        workspace: u64,
+        cu_q: u64,
+        cu_k: u64,
+        stream: u64,
+    ) -> (BwdCall, FwdContext) {
+        let t = |i: usize| {
+            let s = self.strides[i];
+            tensor((ptrs[i], s.0, s.1, s.2))
+        };
+        let call = BwdCall {
+            q: t(0),
+            k: t(1),
+            v: t(2),
+            o: t(3),
+            d_o: t(4),
+            dq: t(5),
+            dk: t(6),
+            dv: t(7),
+            attn_bias: None,
+            workspace: Workspace {
+                ptr: workspace,
+                bytes: self.workspace_bytes,
+            },
+            stream: stream as usize,
+        };
+        let mut ctx = self.ctx;
+        ctx.lse = lse;
+        ctx.cu_seqlens_q = opt_ptr(cu_q);
+        ctx.cu_seqlens_k = opt_ptr(cu_k);
+        (call, ctx)
+    }
+
+    fn launch(&self, call: &BwdCall, ctx: &FwdContext) -> Result<(), DispatchError> {
+        let cached = self.loaded.lock().ok().and_then(|g| g.clone());
+        if let Some((cu_ctx, kernel)) = cached {
+            if current_context() == Some(cu_ctx) {
+                // What `GeneratedBackend::call_bwd` does on a hit, less what
+                // cannot change between calls (the support, the context's LSE
+                // conversion: checked at construction).
+                let (args, ws, ws_bytes) = GeneratedBackend::bwd_args(call, ctx, &kernel.plan)?;
+                // SAFETY: the caller passes device pointers of this context
+                // (torch tensors of the handle's device, whose context is
+                // current) sized for the handle's shapes and strides, a
+                // workspace of `workspace_bytes` bytes and a stream of that
+                // context; `launch_bwd` checks every argument (`check_bwd`)
+                // before it launches.
+                unsafe { launch_bwd::launch_bwd(&kernel, &args, ws, ws_bytes, call.stream as sys::CUstream)? };
+                return Ok(());
+            }
+        }
+        // First call, or another context current: the dispatcher's path
+        // (argument check, compile or cache, module load), then remember the
+        // module for this context.
+        bind_device(self.ordinal)?;
+        let backend = dispatcher()
+            .backend(GENERATED)
+            .ok_or(DispatchError::DirectionUnsupported {
+                backend: GENERATED,
+                direction: Direction::Bwd,
+            })?;
+        backend.call_bwd(call, ctx, &self.support)?;
+        if let Some(kernel) = Jit::global().memo_get(&self.spec) {
+            if let (Ok(loaded), Some(c)) = (launch::load(&kernel), current_context()) {
+                if let Ok(mut g) = self.loaded.lock() {
+                    *g = Some((c, loaded));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl BwdLaunch {
+    /// `BwdLaunch(problem, producer, q_strides, k_strides, v_strides,
+    /// o_strides, do_strides, dq_strides, dk_strides, dv_strides, device)`:
+    /// strides are (batch, seq, head) in elements; `producer` is the
+    /// forward's backend. Raises what `bwd` would for a problem, producer or
+    /// strides the generated backward cannot take.
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        problem: &Bound<'_, PyAny>,
+        producer: &str,
+        q_strides: (i64, i64, i64),
+        k_strides: (i64, i64, i64),
+        v_strides: (i64, i64, i64),
+        o_strides: (i64, i64, i64),
+        do_strides: (i64, i64, i64),
+        dq_strides: (i64, i64, i64),
+        dk_strides: (i64, i64, i64),
+        dv_strides: (i64, i64, i64),
+        device: i64,
+    ) -> PyResult<Self> {
+        guarded(|| {
+            let mut p = problem_of(problem)?;
+            p.requires_grad = true;
+            p.validate().map_err(|e| value_error(e.to_string()))?;
+            let support = generated_support(&p, Direction::Bwd)?;
+            let spec = support.spec.ok_or_else(|| {
+                PyNotImplementedError::new_err("the generated backward has no kernel for this problem")
+            })?;
+            let ordinal = device_index(device)?;
+            let d = dispatcher();
+            let producer = d.backend(producer).ok_or_else(|| {
+                value_error(format!(
+                    "unknown producer backend `{producer}` (registered: {})",
+                    d.backend_names().join(", ")
+                ))
+            })?;
+            let backend = d
+                .backend(GENERATED)
+                .ok_or_else(|| PyRuntimeError::new_err("the generated backend is not registered"))?;
+            // The context with stand-in LSE and cu_seqlens pointers (a call
+            // puts its own in); the LSE conversion it needs depends only on
+            // the producer and the problem, so it is judged here, once, as
+            // `call_bwd` would per call.
+            let thd = p.layout == Layout::Thd;
+            let cu = if thd { 0x1000 } else { 0 };
+            let fwd = fwd_call(p, [(0, 0, 0, 0); 4], 0x1000, cu, cu, 0);
+            let ctx = FwdContext::new(producer.as_ref(), &fwd).map_err(|e| py_err(e.into()))?;
+            let conv = ctx.for_consumer(backend.as_ref()).map_err(|e| py_err(e.into()))?;
+            if conv.needs_device_work() {
+                return Err(py_err(DispatchError::Context(ContextError::Incompatible {
+                    from: conv.from.to_string(),
+                    to: conv.to.to_string(),
+                    reason: "the device gather kernel for LSE conversion is not written yet".into(),
+                })));
+            }
+            let h = BwdLaunch {
+                support,
+                spec,
+                ctx,
+                strides: [
+                    q_strides, k_strides, v_strides, o_strides, do_strides, dq_strides, dk_strides, dv_strides,
+                ],
+                workspace_bytes: backend.workspace_bytes(Direction::Bwd, &p),
+                ordinal,
+                loaded: Mutex::new(None),
+            };
+            // The problem, strides and workspace split against the kernel's
+            // plan, with stand-in aligned pointers: what cannot change
+            // between calls is refused here, once.
+            let plan =
+                attnforge::plan(&spec).map_err(|e| PyNotImplementedError::new_err(format!("{spec}: {}", e.reason)))?;
+            let (call, ctx) = h.call([0x1000; 8], 0x1000, 0x1000, cu, cu, 0);
+            let (args, ws, ws_bytes) = GeneratedBackend::bwd_args(&call, &ctx, &plan).map_err(py_err)?;
+            launch_bwd::check_bwd(&plan, &args, ws, ws_bytes).map_err(launch_err)?;
+            Ok(h)
+        })
+    }
+
+    /// Launch on `stream` (a `CUstream` handle): dQ, dK, dV into
+    /// caller-allocated memory at the given device pointers; `workspace`
+    /// holds `workspace_bytes` bytes (16-byte aligned); `lse` is the
+    /// forward's f32 LSE. `cu_seqlens_q/k` (0 = none) for THD problems.
+    #[pyo3(signature = (q, k, v, o, d_o, dq, dk, dv, lse, workspace, stream, cu_seqlens_q=0, cu_seqlens_k=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        py: Python<'_>,
+        q: u64,
+        k: u64,
+        v: u64,
+        o: u64,
+        d_o: u64,
+        dq: u64,
+        dk: u64,
+        dv: u64,
+        lse: u64,
+        workspace: u64,
+        stream: u64,
+        cu_seqlens_q: u64,
+        cu_seqlens_k: u64,
+    ) -> PyResult<()> {
+        guarded(|| {
+            let (call, ctx) = self.call(
+                [q, k, v, o, d_o, dq, dk, dv],
+                lse,
+                workspace,
+                cu_seqlens_q,
+                cu_seqlens_k,
+                stream,
+            );
+            py.detach(|| self.launch(&call, &ctx)).map_err(py_err)
+        })
+    }
+
+    /// The kernels' spec, e.g. `bwd.bf16.d64.causal-tl.dense.sm90a`.
+    #[getter]
+    fn spec(&self) -> String {
+        self.spec.to_string()
+    }
+
+    /// The forward's backend whose context the backward consumes.
+    #[getter]
+    fn producer(&self) -> &'static str {
+        self.ctx.producer
+    }
+
+    /// Bytes of the workspace a call passes (`bwd_workspace_bytes(problem)`).
+    #[getter]
+    fn workspace_bytes(&self) -> usize {
+        self.workspace_bytes
+    }
+
+    /// Whether a module is remembered for a CUDA context (after a launch).
+    #[getter]
+    fn loaded(&self) -> bool {
+        self.loaded.lock().map(|g| g.is_some()).unwrap_or(false)
+    }
+}
+
 /// The dispatcher's explanation of a problem (no GPU needed).
 #[pyfunction]
 fn explain(problem: &Bound<'_, PyAny>) -> PyResult<String> {
@@ -864,6 +1111,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(driver_available, m)?)?;
     m.add_function(wrap_pyfunction!(policy_epoch, m)?)?;
     m.add_class::<FwdLaunch>()?;
+    m.add_class::<BwdLaunch>()?;
     m.add("PROBLEM_FIELDS", TUPLE_FIELDS.to_vec())?;
     m.add("FLAG_ATTN_MASK", FLAG_ATTN_MASK)?;
     m.add("FLAG_REQUIRES_GRAD", FLAG_REQUIRES_GRAD)?;

@@ -258,3 +258,206 @@ def test_launch_handle_checks_pointers_before_anything_runs():
     with pytest.raises(ValueError, match="cu_seqlens"):
         h.run(good, good, good, good, good, good, good, 0)
     assert not h.loaded
+
+
+# --- the Rust backward handle -----------------------------------------------------------------
+
+DENSE = (0, 64, 8192)  # (batch, seq, head) strides of a 1x8x128x64 BHSD tensor (batch 1: stride 0)
+
+
+def bwd_problem(d=64, det=False, q=None):
+    q = bhsd(d=d) if q is None else q
+    return at._problem(q, q, q, None, None, 128, 128, 0.125, "causal-tl", (-1, -1), 0.0, True, det, SM90)
+
+
+def bwd_handle(prob=None, producer="generated", strides=(DENSE,) * 8):
+    attnforge.set_policy(fwd=OURS_FIRST, bwd=OURS_FIRST)
+    return _core.BwdLaunch(bwd_problem() if prob is None else prob, producer, *strides, 0)
+
+
+def core_bwd(prob, producer="generated", strides=(DENSE,) * 8):
+    """``_core.bwd`` with the same problem, producer and strides and aligned
+    stand-in pointers (it refuses before touching the driver)."""
+    t = [(0x10000,) + s for s in strides]
+    return _core.bwd(prob, producer, *t, 0x20000, 0, 0, 0x30000, 1 << 24, 0, 0)
+
+
+def test_backward_handle_constructs_without_a_gpu():
+    for det in (False, True):
+        prob = bwd_problem(det=det)
+        for producer in ("generated", "torch-flash", "torch-cudnn"):
+            h = bwd_handle(prob, producer)
+            assert h.spec == "bwd.bf16.d64.causal-tl.dense" + (".det" if det else "") + ".sm90a"
+            assert h.producer == producer
+            assert h.workspace_bytes == _core.bwd_workspace_bytes(prob)
+            assert not h.loaded
+    # Deterministic: Dsum only (f32 [1, 8, 128]); fast mode adds the f32 dQ accumulator.
+    assert bwd_handle(bwd_problem(det=True)).workspace_bytes == 4 * 8 * 128
+    assert bwd_handle().workspace_bytes > 4 * 8 * 128
+    # dO (and every other tensor) strided its own way: BSHD views.
+    bshd_s = (0, 8 * 64, 64)
+    assert bwd_handle(strides=(bshd_s, DENSE, bshd_s, DENSE, bshd_s, DENSE, DENSE, bshd_s)).spec.startswith("bwd.")
+
+
+def test_backward_handle_refuses_what_core_bwd_refuses_with_the_same_types():
+    attnforge.set_policy(fwd=OURS_FIRST, bwd=OURS_FIRST)
+    odd = (0, 68, 8192 + 4)
+    cases = {
+        "dO row stride": (bwd_problem(), "generated", (DENSE,) * 4 + (odd,) + (DENSE,) * 3, ValueError,
+                          "`d_o`: strides must be non-negative multiples of 8"),
+        "dK row stride": (bwd_problem(), "generated", (DENSE,) * 6 + (odd, DENSE), ValueError, "`dk`"),
+        "producer": (bwd_problem(), "flash9", (DENSE,) * 8, ValueError, "unknown producer backend `flash9`"),
+        "head dim": (bwd_problem(d=100), "generated", ((0, 104, 13312),) * 8, NotImplementedError,
+                     "head_dim|multiple of 8"),
+        "problem": (("bf16",), "generated", (DENSE,) * 8, ValueError, "expected 20"),
+    }
+    for what, (prob, producer, strides, exc, match) in cases.items():
+        with pytest.raises(exc, match=match):
+            _core.BwdLaunch(prob, producer, *strides, 0)
+        with pytest.raises(exc):
+            core_bwd(prob, producer, strides)
+    # Dropout: the generated backward declines; GQA heads that do not divide: a bad problem.
+    q = bhsd()
+    drop = list(bwd_problem(q=q))
+    drop[16] = 0.1
+    gqa = list(bwd_problem(q=q))
+    gqa[7] = 3
+    for prob, exc in ((tuple(drop), NotImplementedError), (tuple(gqa), ValueError)):
+        with pytest.raises(exc):
+            _core.BwdLaunch(prob, "generated", *(DENSE,) * 8, 0)
+        with pytest.raises(exc):
+            core_bwd(prob)
+
+
+def test_backward_handle_checks_pointers_before_anything_runs():
+    h = bwd_handle()
+    good = 0x10000
+    names = ["q", "k", "v", "o", "d_o", "dq", "dk", "dv"]
+    for i, name in enumerate(names):
+        ptrs = [good] * 8
+        ptrs[i] = 0
+        with pytest.raises(ValueError, match=f"`{name}`: null pointer"):
+            h.run(*ptrs, good, good, 0)
+        ptrs[i] = good + 8
+        with pytest.raises(ValueError, match=f"`{name}`: pointer 0x10008 is not 16-byte aligned"):
+            h.run(*ptrs, good, good, 0)
+    with pytest.raises(ValueError, match="`lse`"):
+        h.run(*[good] * 8, 0, good, 0)
+    with pytest.raises(ValueError, match="`workspace`"):
+        h.run(*[good] * 8, good, 0, 0)
+    with pytest.raises(ValueError, match="`workspace`"):
+        h.run(*[good] * 8, good, good + 8, 0)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        h.run(*[good] * 8, good, good, 0, cu_seqlens_q=good, cu_seqlens_k=good)
+    assert not h.loaded
+
+
+def test_backward_handle_takes_ragged_problems_with_cu_seqlens():
+    attnforge.set_policy(fwd=OURS_FIRST, bwd=OURS_FIRST)
+    t = torch.randn(300, 8, 64, dtype=BF16)
+    cu = torch.tensor([0, 100, 300], dtype=torch.int32)
+    prob = at._problem(t, t, t, cu, cu, 200, 200, 0.125, "causal-br", (-1, -1), 0.0, True, False, SM90)
+    h = _core.BwdLaunch(prob, "generated", *((0, 8 * 64, 64),) * 8, 0)
+    assert h.spec == "bwd.bf16.d64.causal-br.thd.sm90a"
+    assert h.workspace_bytes == _core.bwd_workspace_bytes(prob)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        h.run(*[0x10000] * 10, 0)
+
+
+# --- which backward a fast-path entry runs ------------------------------------------------------
+
+
+def grad_entry(q, det=False):
+    attnforge.set_policy(fwd=OURS_FIRST, bwd=OURS_FIRST)
+    e = plan(q, grad=True, det=det)
+    assert e is not None and e.fwd == "generated"
+    return e
+
+
+def like_out(e):
+    return torch.empty_strided(e.out[0], e.out[1], dtype=e.dtype)
+
+
+def test_backward_handle_of_an_entry_follows_the_dout_layout():
+    q = bshd()
+    e = grad_entry(q)
+    prob = bwd_problem(q=q)
+    got = at._bwd_launch(e, prob, q, q, q, like_out(e))
+    assert got is not None
+    h, ws = got
+    assert h.spec == "bwd.bf16.d64.causal-tl.dense.sm90a" and h.producer == "generated"
+    assert ws == h.workspace_bytes == _core.bwd_workspace_bytes(prob)
+    # dO in another layout than O (contiguous BHSD while O is laid out like a BSHD q): a handle of its own.
+    assert at._bwd_launch(e, prob, q, q, q, bhsd()) is not None
+    # What the kernels cannot read in place: no handle (the executor copies dO).
+    g = torch.randn(1, 8, 128, 128, dtype=BF16)
+    assert at._bwd_launch(e, prob, q, q, q, g[..., ::2]) is None, "head dim not contiguous"
+    assert at._bwd_launch(e, prob, q, q, q, g[..., :64]) is not None, "row stride 128: in place"
+    assert at._bwd_launch(e, prob, q, q, q, torch.randn(1, 8, 128, 68, dtype=BF16)[..., :64]) is None, "row stride 68"
+    assert at._bwd_launch(e, prob, q, q, q, torch.ones((), dtype=BF16).expand(1, 8, 128, 64)) is None, "broadcast"
+
+
+def test_fast_backward_picks_the_handle_or_the_executor(monkeypatch):
+    # The selection logic on CPU tensors: the launches are recorded, not run.
+    q = bhsd()
+    e = grad_entry(q)
+    e.device = torch.device("cpu")  # the gradients and the workspace are allocated there
+    taken = []
+
+    def fast(h, e_, dout, *rest):
+        taken.append(("handle", h[0].spec, dout.stride()))
+        return rest[-3:]
+
+    def executor(prob, producer, dout, *rest):
+        taken.append(("executor", producer, dout.stride()))
+        return rest[7:10]  # dq, dk, dv
+
+    monkeypatch.setattr(at, "_bwd_generated_fast", fast)
+    monkeypatch.setitem(at._BWD, "generated", executor)
+    out, lse = like_out(e), torch.empty(e.lse[0])
+    dense = torch.randn(1, 8, 128, 64, dtype=BF16)
+    misaligned = torch.randn(1, 8, 128, 72, dtype=BF16)[..., 4:68]  # row stride 72, pointer 8 bytes off
+    assert misaligned.data_ptr() % 16 == 8
+    strided = torch.randn(1, 8, 128, 128, dtype=BF16)[..., ::2]
+    for dout in (dense, dense, misaligned, strided, dense.as_subclass(Sub)):
+        dq, dk, dv = at._fast_backward(e, dout, q, q, q, out, lse)
+        assert dq.shape == dk.shape == dv.shape == q.shape
+    spec = "bwd.bf16.d64.causal-tl.dense.sm90a"
+    assert taken == [
+        ("handle", spec, dense.stride()),
+        ("handle", spec, dense.stride()),
+        ("executor", "generated", misaligned.stride()),  # a handle for its strides, but the pointer: per call
+        ("executor", "generated", strided.stride()),
+        ("executor", "generated", dense.stride()),
+    ]
+    prob, name, launches = e.bwd[False]
+    assert name == "generated" and prob == bwd_problem(q=q)
+    assert set(launches) == {dense.stride(), misaligned.stride(), strided.stride()}
+    assert launches[strided.stride()] is None
+    # Deterministic mode: its own decision and handles.
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        taken.clear()
+        at._fast_backward(e, dense, q, q, q, out, lse)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert taken == [("handle", spec.replace(".sm90a", ".det.sm90a"), dense.stride())]
+    assert set(e.bwd) == {False, True}
+
+
+def test_fast_backward_by_torch_keeps_its_executor(monkeypatch):
+    q = bhsd()
+    attnforge.set_policy(fwd=OURS_FIRST, bwd="torch-flash")
+    e = plan(q, grad=True)
+    e.device = torch.device("cpu")
+    taken = []
+
+    def flash(prob, producer, dout, *rest):
+        taken.append(("torch-flash", producer))
+        return rest[7:10]  # dq, dk, dv
+
+    monkeypatch.setattr(at, "_bwd_generated_fast", lambda *a: taken.append("handle"))
+    monkeypatch.setitem(at._BWD, "torch-flash", flash)
+    at._fast_backward(e, torch.randn(1, 8, 128, 64, dtype=BF16), q, q, q, like_out(e), torch.empty(e.lse[0]))
+    assert taken == [("torch-flash", "generated")]
+    assert e.bwd[False][1] == "torch-flash" and e.bwd[False][2] == {}

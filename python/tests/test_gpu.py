@@ -192,9 +192,16 @@ def test_mix_and_match_backends_per_direction(fwd, bwd, monkeypatch):
         monkeypatch.setitem(at._BWD, name, spying("bwd", name, fn))
     monkeypatch.setattr(at, "_fwd_generated", spying("fwd", "generated", at._fwd_generated))
     monkeypatch.setattr(at, "_fwd_generated_fast", spying("fwd", "generated", at._fwd_generated_fast))
+    monkeypatch.setattr(at, "_bwd_generated_fast", spying("bwd", "generated", at._bwd_generated_fast))
+    at._FAST.clear()
     q, k, v = (make(2, 8, 512, 128, torch.bfloat16, "bshd") for _ in range(3))
     check_against_math(q, k, v, torch.bfloat16, is_causal=True)
     assert calls == [("fwd", fwd), ("bwd", bwd)], calls
+    # A generated backward after any forward ran through the fast path's handle, on that forward's context.
+    handles = [h for e in at._FAST.values() if e is not None for _, _, launches in e.bwd.values()
+               for h in launches.values() if h is not None]
+    assert len(handles) == (1 if bwd == "generated" else 0), handles
+    assert all(h.producer == fwd and h.loaded for h, _ in handles)
     # The same through the custom op (what torch.compile runs): the same backends, the same numbers.
     calls.clear()
     out = at.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -411,6 +418,117 @@ def test_eager_fast_path_matches_the_custom_op_bitwise(layout, grad, monkeypatch
     # The same call again is an entry hit whose handle has the module loaded.
     at.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     assert taken and all(e is None or e.handle is None or e.handle.loaded for e in at._FAST.values())
+
+
+def spy_generated_backward(monkeypatch):
+    """Record how each generated backward runs: "handle" (the eager fast
+    path's ``_core.BwdLaunch``) or "executor" (``_bwd_generated``: the custom
+    op's, and the fast path's fallback for a dO it cannot pass as is)."""
+    taken = []
+    real_fast, real_executor = at._bwd_generated_fast, at._BWD["generated"]
+
+    def fast(*a):
+        taken.append("handle")
+        return real_fast(*a)
+
+    def executor(*a):
+        taken.append("executor")
+        return real_executor(*a)
+
+    monkeypatch.setattr(at, "_bwd_generated_fast", fast)
+    monkeypatch.setitem(at._BWD, "generated", executor)
+    return taken
+
+
+def assert_same_grads(got, want, deterministic):
+    # The same kernels on the same inputs: bitwise in deterministic mode; fast
+    # mode accumulates dQ with f32 atomics, whose order may differ per run.
+    for name, a, b in zip("qkv", got, want):
+        assert a.stride() == b.stride(), name
+        if deterministic:
+            torch.testing.assert_close(a, b, atol=0, rtol=0, msg=name)
+        else:
+            torch.testing.assert_close(a, b, msg=name)
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_eager_fast_backward_runs_its_launch_handle(layout, deterministic, monkeypatch):
+    need_generated()
+    taken = spy_generated_backward(monkeypatch)
+    at._FAST.clear()
+    dtype = torch.bfloat16
+    q, k, v = make(2, 8, 300, 64, dtype, layout), make(2, 2, 300, 64, dtype, layout), make(2, 2, 300, 64, dtype,
+                                                                                         layout)
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    try:
+        _, bwd, _, why = at.route(q, k, mask="causal-tl", requires_grad=True)
+        assert bwd == "generated", why
+        out = at.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        ref, _ = torch.ops.attnforge.sdpa_fwd(q, k, v, None, None, 300, 300, 0.0, "causal-tl", -1, -1, 0.0)
+        torch.testing.assert_close(out, ref, atol=0, rtol=0)
+        # dO laid out like O (randn_like), and contiguous BHSD (unlike a BSHD-strided O): a handle each.
+        for g in (torch.randn_like(out), torch.randn(tuple(out.shape), device=DEV, dtype=dtype)):
+            taken.clear()
+            got = torch.autograd.grad(out, (q, k, v), g, retain_graph=True)
+            want = torch.autograd.grad(ref, (q, k, v), g, retain_graph=True)
+            assert taken == ["handle", "executor"], taken
+            assert_same_grads(got, want, deterministic)
+            # Against the f64 math reference too.
+            ref64, leaves = math_sdpa64(q, k, v, is_causal=True, enable_gqa=True)
+            for name, a, w in zip("qkv", got, torch.autograd.grad(ref64, leaves, g.double())):
+                assert rel(a, w) < TOL[dtype][1], (name, rel(a, w))
+        # A second step is an entry hit whose handle has the kernels loaded.
+        taken.clear()
+        out = at.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        again = torch.autograd.grad(out, (q, k, v), g)
+        assert taken == ["handle"]
+        assert_same_grads(again, want, deterministic)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    entries = [e for e in at._FAST.values() if e is not None and e.bwd]
+    assert len(entries) == 1
+    (prob, name, launches), = entries[0].bwd.values()
+    assert name == "generated" and len(launches) == (1 if layout == "bhsd" else 2), launches
+    for h, ws in launches.values():
+        assert h.loaded and h.producer == "generated" and ws >= h.workspace_bytes
+        assert (".det." in h.spec) == deterministic
+
+
+def test_eager_fast_backward_leaves_a_dout_it_cannot_read_to_the_executor(monkeypatch):
+    need_generated()
+    taken = spy_generated_backward(monkeypatch)
+    dtype = torch.bfloat16
+    q, k, v = (make(2, 8, 256, 64, dtype) for _ in range(3))
+    out = at.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ref, _ = torch.ops.attnforge.sdpa_fwd(q, k, v, None, None, 256, 256, 0.0, "causal-tl", -1, -1, 0.0)
+    wide = torch.randn(2, 8, 256, 128, device=DEV, dtype=dtype)
+    padded = torch.randn(2, 8, 256, 72, device=DEV, dtype=dtype)
+    cases = {
+        "head dim not contiguous": wide[..., ::2],
+        "pointer 8 bytes off (row stride 72)": padded[..., 4:68],
+        "broadcast (what out.sum() hands back)": torch.ones((), device=DEV, dtype=dtype).expand(out.shape),
+    }
+    assert cases["pointer 8 bytes off (row stride 72)"].data_ptr() % 16 == 8
+    for what, g in cases.items():
+        taken.clear()
+        got = torch.autograd.grad(out, (q, k, v), g, retain_graph=True)
+        assert taken == ["executor"], (what, taken)
+        want = torch.autograd.grad(ref, (q, k, v), g, retain_graph=True)
+        assert_same_grads(got, want, False)
+        # The same dO as a contiguous copy goes through the handle: the same gradients.
+        taken.clear()
+        copied = torch.autograd.grad(out, (q, k, v), g.contiguous(), retain_graph=True)
+        assert taken == ["handle"], (what, taken)
+        assert_same_grads(copied, got, False)
+    # A training step whose loss is a plain sum: the broadcast dO, correct gradients.
+    taken.clear()
+    out.sum().backward()
+    assert taken == ["executor"]
+    ref64, leaves = math_sdpa64(q, k, v, is_causal=True)
+    ref64.sum().backward()
+    for name, t, leaf in zip("qkv", (q, k, v), leaves):
+        assert rel(t.grad, leaf.grad) < TOL[dtype][1], (name, rel(t.grad, leaf.grad))
 
 
 def test_eager_fast_path_leaves_misaligned_and_unusual_inputs_to_the_custom_op(monkeypatch):
