@@ -1,7 +1,7 @@
 // attnforge generated kernel: bwd.f16.d64.window.thd.softcap.det.sm90a
 // template bwd_sm80.cu — FlashAttention-2-style backward on the sm80 instruction
 // path (mma.sync m16n8k16, ldmatrix, cp.async). Plan: block_n=128 kv rows x
-// block_m=128 query rows, 8 warps, Q/dO stages=2,
+// block_m=64 query rows, 4 warps, Q/dO stages=2,
 // S/dQ accumulator chunks <= 16 f32 per thread.
 // Do not edit: rendered by attnforge from templates/bwd_sm80.cu.
 //
@@ -15,9 +15,9 @@
 // dS = dZ * dz/dS / scale (softcap: (1 - tanh^2); the factor `scale` is applied to
 // dQ and dK at the end). dV = P^T dO, dK = scale * dS^T Q, dQ = scale * dS K.
 
-constexpr int BLOCK_M = 128;               // query rows per inner step (main)
+constexpr int BLOCK_M = 64;               // query rows per inner step (main)
 constexpr int BLOCK_N = 128;               // kv rows per block (main)
-constexpr int NUM_WARPS = 8;
+constexpr int NUM_WARPS = 4;
 constexpr int THREADS = NUM_WARPS * 32;
 constexpr int Q_STAGES = 2;             // Q/dO shared-memory buffers
 constexpr int D_QK = 64;                     // real head dims
@@ -26,7 +26,7 @@ constexpr int DQK = 64;                  // padded (multiple of 16; see the plan
 constexpr int DV = 64;
 constexpr int PITCH_QK = 72;             // shared-memory row pitches, elements
 constexpr int PITCH_V = 72;
-constexpr int PITCH_M = 136;               // P^T / dS^T tiles [BLOCK_N][PITCH_M]
+constexpr int PITCH_M = 72;               // P^T / dS^T tiles [BLOCK_N][PITCH_M]
 constexpr int MASK_KIND = 3;
 constexpr bool IS_THD = true;
 constexpr bool SOFTCAP = true;
@@ -34,13 +34,13 @@ constexpr bool DETERMINISTIC = true;
 
 // Warp grids of the main kernel's three products (rows x cols of warps; warps
 // beyond rows*cols sit the product out). Every warp tile is a multiple of 16x16.
-constexpr int S_WN = 4, S_WM = 2;      // S^T, dP^T: [BLOCK_N x BLOCK_M]
+constexpr int S_WN = 4, S_WM = 1;      // S^T, dP^T: [BLOCK_N x BLOCK_M]
 constexpr int S_ROWS = BLOCK_N / S_WN, S_COLS = BLOCK_M / S_WM;
-constexpr int DK_WN = 4, DK_WD = 2;  // dK: [BLOCK_N x DQK]
+constexpr int DK_WN = 4, DK_WD = 1;  // dK: [BLOCK_N x DQK]
 constexpr int DK_ROWS = BLOCK_N / DK_WN, DK_COLS = DQK / DK_WD;
-constexpr int DV_WN = 4, DV_WD = 2;  // dV: [BLOCK_N x DV]
+constexpr int DV_WN = 4, DV_WD = 1;  // dV: [BLOCK_N x DV]
 constexpr int DV_ROWS = BLOCK_N / DV_WN, DV_COLS = DV / DV_WD;
-constexpr int DQ_WM = 4, DQ_WD = 2;  // dQ: [BLOCK_M x DQK] (fast mode)
+constexpr int DQ_WM = 2, DQ_WD = 2;  // dQ: [BLOCK_M x DQK] (fast mode)
 constexpr int DQ_ROWS = BLOCK_M / DQ_WM, DQ_COLS = DQK / DQ_WD;
 
 // The S and dQ phases walk their warp tile in column chunks so that their
@@ -102,6 +102,17 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4],
         "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// D = A(16x16, row) * B(16x8, col), f32: the first k-step of a product, with no
+// accumulator to clear first (C is a zero operand: ptxas reads RZ).
+__device__ __forceinline__ void mma_16816_first(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    const float z = 0.f;
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %10, %10, %10, %10 };\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(z));
 }
 
 // Round two floats to the element type (nearest even) and pack them.
@@ -427,20 +438,42 @@ attnforge_bwd_f16_d64_window_thd_softcap_det_sm90a_pre(const BwdParams p) {
 
 // Copy ROWS x DPAD tile rows from global (row pitch `stride`) into shared memory
 // (pitch PITCH) with cp.async, zero-filling rows >= valid_rows and columns >= d_real.
+// Where the threads cover whole rows per pass (NTHREADS a multiple of the
+// row's 16-byte chunks), each thread keeps one column and one source pointer
+// and steps it by a constant row count: one 64-bit add, a compare and the
+// copy per chunk (ncu, d128: the general form's per-chunk divisions and
+// 64-bit multiplies were 12% of the main kernel's instructions).
 template <int ROWS, int DPAD, int PITCH, int NTHREADS>
 __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, long long stride,
                                           int valid_rows, int d_real, int tid) {
     constexpr int CHUNKS = DPAD / 8;                     // 16-byte chunks per row
     const unsigned s0 = smem_addr(smem);
     constexpr int TOTAL = ROWS * CHUNKS;
+    if constexpr (NTHREADS % CHUNKS == 0) {
+        constexpr int RPP = NTHREADS / CHUNKS;           // rows per pass
+        const int r = tid / CHUNKS, c = tid % CHUNKS;
+        const bool col_ok = c * 8 < d_real;          // d_real is a constant at every call
+        const int rows_left = valid_rows - r;            // this thread's rows r + i * RPP
+        const elem_t* src = gbase + r * stride + c * 8;
+        const long long step = RPP * stride;
+        const unsigned dst = s0 + (r * PITCH + c * 8) * 2;
 #pragma unroll
-    for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {  // compile-time trip count
-        const int idx = tid + i * NTHREADS;
-        if (TOTAL % NTHREADS != 0 && idx >= TOTAL) break;
-        const int r = idx / CHUNKS, c = idx % CHUNKS;
-        const bool ok = r < valid_rows && c * 8 < d_real;
-        const elem_t* src = ok ? gbase + r * stride + c * 8 : gbase;
-        cp_async_16(s0 + (r * PITCH + c * 8) * 2, src, ok ? 16 : 0);
+        for (int i = 0; i < (ROWS + RPP - 1) / RPP; ++i) {  // compile-time trip count
+            if (ROWS % RPP != 0 && r + i * RPP >= ROWS) break;
+            const bool ok = col_ok && i * RPP < rows_left;
+            cp_async_16(dst + i * RPP * PITCH * 2, ok ? src : gbase, ok ? 16 : 0);
+            src += step;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {  // compile-time trip count
+            const int idx = tid + i * NTHREADS;
+            if (TOTAL % NTHREADS != 0 && idx >= TOTAL) break;
+            const int r = idx / CHUNKS, c = idx % CHUNKS;
+            const bool ok = r < valid_rows && c * 8 < d_real;
+            const elem_t* src = ok ? gbase + r * stride + c * 8 : gbase;
+            cp_async_16(s0 + (r * PITCH + c * 8) * 2, src, ok ? 16 : 0);
+        }
     }
 }
 
@@ -496,10 +529,13 @@ __device__ __forceinline__ void load_b(unsigned (&b)[4], unsigned base, int pitc
     ldsm_x4<B_T>(b, base + b_lane_off<B_T>(pitch, lane) + tile_off<B_T>(pitch, c0, k0));
 }
 
-// acc[MT][NT][4] += A[r0 .. r0 + 16 MT) x B[.., c0 .. c0 + 8 NT), k over [0, 16 KSTEPS).
+// acc[MT][NT][4] += A[r0 .. r0 + 16 MT) x B[.., c0 .. c0 + 8 NT), k over [0, 16 KSTEPS)
+// (FIRST: acc = the product; its first k-step writes the accumulators instead
+// of adding to cleared ones, which saves clearing them: ncu counted the
+// clears at 7% of the main kernel's instructions).
 // Accumulator layout: thread (g = lane/4, t = lane%4) holds, of each 16x8 tile,
 // rows g (elements 0, 1) and g + 8 (elements 2, 3), columns 2t and 2t + 1.
-template <int MT, int NT, int KSTEPS, bool A_T, bool B_T>
+template <int MT, int NT, int KSTEPS, bool A_T, bool B_T, bool FIRST = false>
 __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], unsigned sA, int pitch_a, int r0,
                                           unsigned sB, int pitch_b, int c0, int lane) {
     static_assert(NT % 2 == 0, "B operands are loaded two n8 tiles at a time");
@@ -510,11 +546,8 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], unsigned sA, 
     asm volatile("" : "+r"(ln));
     const unsigned a0 = sA + a_lane_off<A_T>(pitch_a, ln) + tile_off<A_T>(pitch_a, r0, 0);
     const unsigned b0 = sB + b_lane_off<B_T>(pitch_b, ln) + tile_off<B_T>(pitch_b, c0, 0);
-    // The k-loop only moves addresses (the accumulators are indexed by mt and
-    // np), so a partial unroll keeps everything in registers while stopping
-    // the compiler from hoisting the operands of all k-steps at once.
-#pragma unroll 4
-    for (int ks = 0; ks < KSTEPS; ++ks) {
+    // One k-step: MT A fragments, NT / 2 B fragment pairs, MT x NT products.
+    auto step = [&](int ks, bool first) {   // `first` is a constant at both calls
         unsigned a[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) ldsm_x4<A_T>(a[mt], a0 + tile_off<A_T>(pitch_a, mt * 16, ks * 16));
@@ -524,11 +557,22 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], unsigned sA, 
             ldsm_x4<B_T>(b, b0 + tile_off<B_T>(pitch_b, np * 16, ks * 16));
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-                mma_16816(acc[mt][2 * np], a[mt], b[0], b[1]);
-                mma_16816(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+                if (first) {
+                    mma_16816_first(acc[mt][2 * np], a[mt], b[0], b[1]);
+                    mma_16816_first(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+                } else {
+                    mma_16816(acc[mt][2 * np], a[mt], b[0], b[1]);
+                    mma_16816(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+                }
             }
         }
-    }
+    };
+    if constexpr (FIRST) step(0, true);
+    // The k-loop only moves addresses (the accumulators are indexed by mt and
+    // np), so a partial unroll keeps everything in registers while stopping
+    // the compiler from hoisting the operands of all k-steps at once.
+#pragma unroll 4
+    for (int ks = FIRST ? 1 : 0; ks < KSTEPS; ++ks) step(ks, false);
 }
 
 template <int MT, int NT>
@@ -572,10 +616,16 @@ attnforge_bwd_f16_d64_window_thd_softcap_det_sm90a(const BwdParams p) {
     const elem_t* gK = p.k + b * p.k_sb + (long long)(si.k_off + n0) * p.k_ss + hk * p.k_sh;
     const elem_t* gV = p.v + b * p.v_sb + (long long)(si.k_off + n0) * p.v_ss + hk * p.v_sh;
 
-    // Stage the query tile of iteration `it` (Q, dO, LSE, Dsum) into buffer `buf`.
-    auto load_q_tile = [&](int it, int buf) {
-        const int h = hk * p.gqa_ratio + it / n_mt;
-        const int m0 = (m_begin + it % n_mt) * BLOCK_M;
+    // Iteration it = (query head of the group, query tile) = (it / n_mt,
+    // it % n_mt), tracked by counters: no integer division in the loop.
+    struct Step {
+        int qh, mt;
+    };
+    auto next_step = [&](Step s) { return s.mt + 1 == n_mt ? Step{s.qh + 1, 0} : Step{s.qh, s.mt + 1}; };
+    // Stage the query tile of step `st` (Q, dO, LSE, Dsum) into buffer `buf`.
+    auto load_q_tile = [&](Step st, int buf) {
+        const int h = hk * p.gqa_ratio + st.qh;
+        const int m0 = (m_begin + st.mt) * BLOCK_M;
         const long long row0 = si.q_off + m0;
         load_tile<BLOCK_M, DQK, PITCH_QK, THREADS>(sQ + buf * BLOCK_M * PITCH_QK,
             p.q + b * p.q_sb + row0 * p.q_ss + h * p.q_sh, p.q_ss, sq - m0, D_QK, tid);
@@ -595,16 +645,17 @@ attnforge_bwd_f16_d64_window_thd_softcap_det_sm90a(const BwdParams p) {
     if (n_iters > 0) {
         load_tile<BLOCK_N, DQK, PITCH_QK, THREADS>(sK, gK, p.k_ss, sk - n0, D_QK, tid);
         load_tile<BLOCK_N, DV, PITCH_V, THREADS>(sV, gV, p.v_ss, sk - n0, D_V, tid);
-        load_q_tile(0, 0);
+        load_q_tile(Step{0, 0}, 0);
         cp_async_commit();
     }
     const unsigned sKa = smem_addr(sK), sVa = smem_addr(sV);
     const unsigned sPa = smem_addr(sP), sdSa = smem_addr(sdS);
 
-    for (int it = 0; it < n_iters; ++it) {
+    Step cur{0, 0};
+    for (int it = 0; it < n_iters; ++it, cur = next_step(cur)) {
         const int buf = Q_STAGES == 2 ? (it & 1) : 0;
         if (Q_STAGES == 2 && it + 1 < n_iters) {
-            load_q_tile(it + 1, buf ^ 1);                // prefetch the next query tile
+            load_q_tile(next_step(cur), buf ^ 1);        // prefetch the next query tile
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -612,8 +663,8 @@ attnforge_bwd_f16_d64_window_thd_softcap_det_sm90a(const BwdParams p) {
         }
         __syncthreads();
 
-        const int h = hk * p.gqa_ratio + it / n_mt;
-        const int m0 = (m_begin + it % n_mt) * BLOCK_M;
+        const int h = hk * p.gqa_ratio + cur.qh;
+        const int m0 = (m_begin + cur.mt) * BLOCK_M;
         const unsigned sQa = smem_addr(sQ + buf * BLOCK_M * PITCH_QK);
         const unsigned sdOa = smem_addr(sdO + buf * BLOCK_M * PITCH_V);
         const float* lse2_t = sLse + buf * BLOCK_M;
@@ -630,30 +681,38 @@ attnforge_bwd_f16_d64_window_thd_softcap_det_sm90a(const BwdParams p) {
             for (int cc = 0; cc < NT_ALL / NT; ++cc) {
                 const int c0 = (warp % S_WM) * S_COLS + cc * NT * 8;   // query row within the tile
                 float acc_s[MT][NT][4], acc_dp[MT][NT][4];
-                zero_acc(acc_s);
-                zero_acc(acc_dp);
-                warp_gemm<MT, NT, DQK / 16, false, false>(acc_s, sKa, PITCH_QK, r0, sQa, PITCH_QK, c0, lane);
-                warp_gemm<MT, NT, DV / 16, false, false>(acc_dp, sVa, PITCH_V, r0, sdOa, PITCH_V, c0, lane);
+                warp_gemm<MT, NT, DQK / 16, false, false, true>(acc_s, sKa, PITCH_QK, r0, sQa, PITCH_QK, c0, lane);
+                warp_gemm<MT, NT, DV / 16, false, false, true>(acc_dp, sVa, PITCH_V, r0, sdOa, PITCH_V, c0, lane);
+                // P and dS of the chunk. Tiles away from the sequence ends and
+                // the mask's edge skip the per-score visibility test (a separate,
+                // uniform path: as one path, the compiler predicated every score).
+                auto scores = [&](bool check) {
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
+                    for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-                    for (int e1 = 0; e1 < 2; ++e1) {
-                        const int ci = c0 + nt * 8 + 2 * t + e1;   // query row within the tile
-                        const float lse2 = lse2_t[ci], dsum = dsum_t[ci];
-                        const int lo = win.key_lo(m0 + ci), hi = win.key_hi(m0 + ci);
+                        for (int e1 = 0; e1 < 2; ++e1) {
+                            const int ci = c0 + nt * 8 + 2 * t + e1;   // query row within the tile
+                            const float lse2 = lse2_t[ci], dsum = dsum_t[ci];
+                            const int lo = win.key_lo(m0 + ci), hi = win.key_hi(m0 + ci);
 #pragma unroll
-                        for (int mt = 0; mt < MT; ++mt) {
+                            for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-                            for (int r = 0; r < 2; ++r) {
-                                const int e = 2 * r + e1;
-                                const int key = n0 + r0 + mt * 16 + g + 8 * r;
-                                const bool vis = !edge || (key >= lo && key <= hi);
-                                float pr;
-                                acc_dp[mt][nt][e] = score_grad(acc_s[mt][nt][e], acc_dp[mt][nt][e], lse2, dsum, vis, p, pr);
-                                acc_s[mt][nt][e] = pr;
+                                for (int r = 0; r < 2; ++r) {
+                                    const int e = 2 * r + e1;
+                                    const int key = n0 + r0 + mt * 16 + g + 8 * r;
+                                    const bool vis = !check || (key >= lo && key <= hi);
+                                    float pr;
+                                    acc_dp[mt][nt][e] = score_grad(acc_s[mt][nt][e], acc_dp[mt][nt][e], lse2, dsum, vis, p, pr);
+                                    acc_s[mt][nt][e] = pr;
+                                }
                             }
                         }
                     }
+                };
+                if (edge) {
+                    scores(true);
+                } else {
+                    scores(false);
                 }
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
@@ -688,8 +747,7 @@ attnforge_bwd_f16_d64_window_thd_softcap_det_sm90a(const BwdParams p) {
                 for (int cc = 0; cc < NT_ALL / NT; ++cc) {
                     const int c0 = (warp % DQ_WD) * DQ_COLS + cc * NT * 8;
                     float acc[MT][NT][4];
-                    zero_acc(acc);
-                    warp_gemm<MT, NT, BLOCK_N / 16, true, true>(acc, sdSa, PITCH_M, r0, sKa, PITCH_QK, c0, lane);
+                    warp_gemm<MT, NT, BLOCK_N / 16, true, true, true>(acc, sdSa, PITCH_M, r0, sKa, PITCH_QK, c0, lane);
                     const long long acc_row0 = IS_THD ? (long long)si.q_off + m0 : (long long)b * p.seqlen_q + m0;
                     float* gacc = p.dq_accum + (acc_row0 * p.heads_q + h) * DQK;
                     const long long row_pitch = (long long)p.heads_q * DQK;
@@ -705,11 +763,13 @@ attnforge_bwd_f16_d64_window_thd_softcap_det_sm90a(const BwdParams p) {
                             const float* a = acc[mt][nt];
                             const float x0 = __shfl_xor_sync(0xffffffffu, odd ? a[0] : a[2], 1);
                             const float x1 = __shfl_xor_sync(0xffffffffu, odd ? a[1] : a[3], 1);
-                            if (m0 + row < sq) {
-                                float* dst = gacc + row * row_pitch + c0 + nt * 8 + 4 * (t >> 1);
-                                if (odd) red_add_f32x4(dst, x0, x1, a[2], a[3]);
-                                else red_add_f32x4(dst, a[0], a[1], x0, x1);
-                            }
+                            // No branch around rows past the sequence (the last tile's):
+                            // their dQ is exactly zero (P = 0 from the LSE staged as +inf,
+                            // zero-filled dO), so it is added to the last row instead,
+                            // which keeps the address in bounds. Selects, not two calls.
+                            const int row_in = min(m0 + row, sq - 1) - m0;
+                            float* dst = gacc + row_in * row_pitch + c0 + nt * 8 + 4 * (t >> 1);
+                            red_add_f32x4(dst, odd ? x0 : a[0], odd ? x1 : a[1], odd ? a[2] : x0, odd ? a[3] : x1);
                         }
                     }
                 }
@@ -717,7 +777,7 @@ attnforge_bwd_f16_d64_window_thd_softcap_det_sm90a(const BwdParams p) {
         }
         __syncthreads();                                 // P^T, dS^T and buffer `buf` are rewritten next
         if (Q_STAGES == 1 && it + 1 < n_iters) {
-            load_q_tile(it + 1, 0);
+            load_q_tile(next_step(cur), 0);
             cp_async_commit();
         }
     }
