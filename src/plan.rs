@@ -176,11 +176,11 @@ pub fn default_fwd_tiles(spec: &AttnSpec) -> FwdTiles {
     let dmax = round_up(spec.head_dim_qk.max(spec.head_dim_v) as u32, 16);
     // Measured on the H200 (docs/kernels.md, fwd tuning): two m16 tiles per
     // warp halve the shared-memory reads of K and V per MMA and win where
-    // registers allow it; the ragged, windowed and softcapped d128 variants
-    // keep more offsets and bounds live and would spill at mt=2 (so does
-    // causal-br, by 8 bytes; with seqlen_q == seqlen_k it equals causal-tl).
-    let d128_fits_mt2 =
-        spec.layout == Layout::Dense && !spec.softcap && matches!(spec.mask, Mask::None | Mask::CausalTopLeft);
+    // registers allow it. Since the S k-loop is unrolled by four rather than
+    // fully at mt=2 (2026-12-03), every d128 variant fits in registers but
+    // the ragged windowed ones (20 B spilled on sm_80; 12-24 B with softcap);
+    // the compile sweep checks the rest.
+    let d128_fits_mt2 = !(spec.layout == Layout::Thd && spec.mask == Mask::SlidingWindow);
     let (num_warps, m_tiles_per_warp, block_n) = if dmax <= 64 {
         (4, 2, 64)
     } else if dmax <= 128 {
@@ -579,7 +579,15 @@ mod tests {
         assert_eq!((p.block_m, p.block_n, p.num_warps), (128, 32, 4));
         assert_eq!(p.smem_pitch_qk, 136);
         let thd = plan(&AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Thd, Arch::Sm80)).unwrap();
-        assert_eq!((thd.block_m, thd.block_n, thd.num_warps), (64, 64, 4));
+        assert_eq!((thd.block_m, thd.block_n, thd.num_warps), (128, 32, 4));
+        // Ragged + window keeps one m16 tile per warp (it spills at two).
+        let mut w: AttnSpec = "fwd.bf16.d128.window.thd.softcap.sm80".parse().unwrap();
+        let p = plan(&w).unwrap();
+        assert_eq!((p.block_m, p.block_n, p.num_warps), (64, 64, 4));
+        w.softcap = false;
+        assert_eq!(plan(&w).unwrap().block_m, 64);
+        w.layout = Layout::Dense;
+        assert_eq!(plan(&w).unwrap().block_m, 128);
     }
 
     #[test]

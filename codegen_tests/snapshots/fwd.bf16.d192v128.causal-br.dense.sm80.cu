@@ -338,7 +338,6 @@ attnforge_fwd_bf16_d192v128_causal_br_dense_sm80(const FwdParams p) {
             for (int j = 0; j < BLOCK_N / 8; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc_s[mt][j][e] = 0.f;
-
 #pragma unroll
         for (int ks = 0; ks < DQK / 16; ++ks) {
             unsigned a[M_TILES][4];
