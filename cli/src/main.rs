@@ -459,8 +459,17 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
             let one_line = msg.lines().next().unwrap_or("failed").to_string();
-            eprintln!("attnforge: error: {one_line}");
-            if msg.lines().count() > 1 && std::env::var_os("ATTNFORGE_VERBOSE").is_some() {
+            let more = msg.lines().count() > 1;
+            let verbose = std::env::var_os("ATTNFORGE_VERBOSE").is_some();
+            if more && !verbose {
+                // The first line of a multi-line error (e.g. an NVRTC log) ends
+                // where the details start: say how to see them.
+                let head = one_line.trim_end_matches(':');
+                eprintln!("attnforge: error: {head} (details: set ATTNFORGE_VERBOSE=1)");
+            } else {
+                eprintln!("attnforge: error: {one_line}");
+            }
+            if more && verbose {
                 eprintln!("{msg}");
             }
             ExitCode::FAILURE

@@ -303,3 +303,30 @@ fn a_prebuilt_root_serves_kernels_where_nvrtc_is_missing() {
     let out = compile("fwd.f16.d128.causal-br.dense.sm80");
     assert_clean_failure(&out, "NVRTC");
 }
+
+#[test]
+fn multi_line_errors_say_how_to_see_their_details() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run_with = |verbose: bool| {
+        let mut c = bin();
+        c.args(["compile", "fwd.f16.d64.none.dense.sm80", "--emit", "cubin", "-o"])
+            .arg(tmp.path().join("k.cubin"))
+            .env("ATTNFORGE_NVRTC", tmp.path().join("no-such-libnvrtc.so.13"))
+            .env("ATTNFORGE_CACHE_DIR", tmp.path().join("user"))
+            .env_remove("ATTNFORGE_CACHE_PATH")
+            .env_remove("ATTNFORGE_VERBOSE");
+        if verbose {
+            c.env("ATTNFORGE_VERBOSE", "1");
+        }
+        run(&mut c)
+    };
+    // The missing-NVRTC error has several lines (what was searched).
+    let out = run_with(false);
+    assert_clean_failure(&out, "NVRTC");
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("(details: set ATTNFORGE_VERBOSE=1)"), "{err}");
+    let out = run_with(true);
+    let err = text(&out.stderr);
+    assert!(err.lines().count() > 2 && err.contains("Searched"), "{err}");
+}
