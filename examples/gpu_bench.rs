@@ -79,7 +79,7 @@ fn bhsd_args(qkvo: [u64; 4], lse: u64, b: usize, h: usize, s: usize, d: usize) -
         k: t(qkvo[1]),
         v: t(qkvo[2]),
         o: t(qkvo[3]),
-        lse,
+        lse: Some(lse),
         problem: FwdProblem {
             batch: b as u32,
             heads_q: h as u32,
@@ -365,7 +365,7 @@ fn main() {
                         v: fa.v,
                         o: fa.o,
                         d_o: t(d_o.0),
-                        lse: fa.lse,
+                        lse: fa.lse.expect("the forward's LSE"),
                         dsum: dsum.0,
                         dq: t(dq.0),
                         dk: t(dk.0),
@@ -456,7 +456,7 @@ fn main() {
                 k: t(kk.0),
                 v: t(v.0),
                 o: t(o.0),
-                lse: lse.0,
+                lse: Some(lse.0),
                 problem: FwdProblem {
                     batch: lens.len() as u32,
                     heads_q: h as u32,

@@ -134,7 +134,8 @@ const char* attnforge_status_string(int status);
 size_t attnforge_last_error(char* buf, size_t len);
 
 /* Run the forward on the chosen backend, on stream (a CUstream; NULL = legacy
- * default stream). ctx_out may be NULL. */
+ * default stream). lse may be NULL when no backward follows (inference): the
+ * generated forward then writes O only. ctx_out may be NULL. */
 int attnforge_fwd(const attnforge_problem* problem,
                   const attnforge_tensor* q,
                   const attnforge_tensor* k,

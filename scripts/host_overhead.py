@@ -18,6 +18,7 @@ no-grad calls and of training steps.
     python3 scripts/host_overhead.py [--profile]
 """
 import cProfile
+import itertools
 import pstats
 import sys
 import time
@@ -66,9 +67,22 @@ def main():
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, attnforge {attnforge.__version__}, "
           f"problem {'x'.join(map(str, shape))} bf16 causal, policy {attnforge.policy()}")
     print(f"decision: {attnforge.decide(dtype='bf16', head_dim=64, heads=8, seqlen_q=128, causal=True, requires_grad=True, arch='%d.%d' % torch.cuda.get_device_capability())[:2]}")
+    # Eight input sets taken in turn: every call sees new Q/K/V pointers, as
+    # the layers of a model do (the sm90a forward re-encodes its TMA maps).
+    sets = [tuple(torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(3)) for _ in range(8)]
+    turn = itertools.cycle(sets)
+
+    def fresh(sdpa):
+        def run():
+            a, b, c = next(turn)
+            return sdpa(a, b, c, is_causal=True)
+        return run
+
     rows = [
         ("no grad", "torch F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
         ("no grad", "attnforge scaled_dot_product_attention", lambda: at.scaled_dot_product_attention(q, k, v, is_causal=True)),
+        ("no grad", "torch, new inputs each call", fresh(F.scaled_dot_product_attention)),
+        ("no grad", "attnforge, new inputs each call", fresh(at.scaled_dot_product_attention)),
         ("grad fwd", "torch F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True)),
         ("grad fwd", "attnforge scaled_dot_product_attention", lambda: at.scaled_dot_product_attention(qg, kg, vg, is_causal=True)),
         ("fwd+bwd", "torch F.scaled_dot_product_attention", step(F.scaled_dot_product_attention)),
@@ -78,6 +92,8 @@ def main():
         ("fwd+bwd", "custom op + its autograd (eager path before)", lambda: torch.autograd.grad(
             torch.ops.attnforge.sdpa_fwd(qg, kg, vg, None, None, 128, 128, 0.0, "causal-tl", -1, -1, 0.0)[0],
             (qg, kg, vg), dout)),
+        ("floor", "torch.empty_strided (O)", lambda: torch.empty_strided(
+            shape, (65536, 8192, 64, 1), dtype=torch.bfloat16, device=q.device)),
         ("floor", "torch.empty_strided x2 (O, LSE)", lambda: (
             torch.empty_strided(shape, (65536, 8192, 64, 1), dtype=torch.bfloat16, device=q.device),
             torch.empty_strided(shape[:3], (1024, 128, 1), dtype=torch.float32, device=q.device))),
@@ -96,11 +112,16 @@ def main():
             ("eligibility checks (_why_not_fast)", lambda: at._why_not_fast(q, k, v, None, 0.0)),
             ("call signature (_fast_key)", lambda: at._fast_key(q, k, v, True, None, False, False)),
             ("current raw stream", lambda: at._raw_stream(e.index)),
-            ("5 x data_ptr()", lambda: (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr())),
+            ("4 x data_ptr()", lambda: (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())),
             ("one torch.empty_strided (O)", lambda: at._empty_strided(e.out[0], e.out[1], dtype=e.dtype,
                                                                       device=e.device)),
-            ("Rust launch alone (FwdLaunch.run)", lambda: e.handle.run(q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                                                       out.data_ptr(), lse.data_ptr(), 0, 0, stream)),
+            ("a pyo3 call with no work (policy_epoch)", at._core.policy_epoch),
+            ("Rust launch alone, no LSE (FwdLaunch.run)", lambda: e.handle.run(
+                q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0, 0, 0, stream)),
+            ("Rust launch alone, with LSE", lambda: e.handle.run(
+                q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), 0, 0, stream)),
+            ("Rust launch alone, new Q/K/V each call", lambda: e.handle.run(
+                *(t.data_ptr() for t in next(turn)), out.data_ptr(), 0, 0, 0, stream)),
         ]
         print("breakdown of the no-grad fast path:")
         for name, fn in parts:

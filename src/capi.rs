@@ -374,7 +374,8 @@ pub unsafe extern "C" fn attnforge_last_error(buf: *mut c_char, len: usize) -> u
 /// Run the forward of `problem` on the backend the dispatcher chooses, on
 /// `stream` (a `CUstream`; NULL = legacy default stream). `lse` receives the
 /// f32 LSE in the layout `ctx_out` reports (dense `[B, H, Sq]`, THD
-/// `[H, total_q]`). `ctx_out` may be NULL.
+/// `[H, total_q]`); NULL = not wanted (inference: the generated forward
+/// writes O only, and a backward refuses that context). `ctx_out` may be NULL.
 ///
 /// # Safety
 /// Struct pointers are NULL or readable; device pointers belong to the

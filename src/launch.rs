@@ -130,8 +130,10 @@ pub struct FwdArgs {
     pub k: TensorArg,
     pub v: TensorArg,
     pub o: TensorArg,
-    /// f32 LSE output, contiguous in the layout documented above.
-    pub lse: u64,
+    /// f32 LSE output, contiguous in the layout documented above; `None`:
+    /// not wanted (inference), the kernel writes O only. A call without it
+    /// leaves nothing that a backward could consume.
+    pub lse: Option<u64>,
     pub problem: FwdProblem,
 }
 
@@ -207,8 +209,13 @@ pub fn check_fwd(plan: &KernelPlan, a: &FwdArgs) -> Result<Option<(FwdParams, La
     let scale = check_problem(spec, p)?;
 
     check_tensors(spec.layout, &[("q", &a.q), ("k", &a.k), ("v", &a.v), ("o", &a.o)])?;
-    if a.lse == 0 || !a.lse.is_multiple_of(4) {
-        return Err(invalid("lse", "LSE pointer must be non-null and 4-byte aligned"));
+    if let Some(lse) = a.lse {
+        if lse == 0 || !lse.is_multiple_of(4) {
+            return Err(invalid(
+                "lse",
+                "LSE pointer must be non-null and 4-byte aligned (leave it out for no LSE)",
+            ));
+        }
     }
 
     if spec.layout == Layout::Thd && plan.template == Template::FwdSm90a && p.total_k == 0 && p.seqlen_k > 0 {
@@ -272,7 +279,7 @@ pub fn check_fwd(plan: &KernelPlan, a: &FwdArgs) -> Result<Option<(FwdParams, La
         k: a.k.ptr,
         v: a.v.ptr,
         o: a.o.ptr,
-        lse: a.lse,
+        lse: a.lse.unwrap_or(0),
         cu_seqlens_q: p.cu_seqlens_q.unwrap_or(0),
         cu_seqlens_k: p.cu_seqlens_k.unwrap_or(0),
         q_sb: a.q.stride_batch,
@@ -807,7 +814,7 @@ mod tests {
             k: TensorArg::bshd(0x2000, sk as i64, hkv as i64, d),
             v: TensorArg::bshd(0x3000, sk as i64, hkv as i64, d),
             o: TensorArg::bshd(0x4000, sq as i64, hq as i64, d),
-            lse: 0x5000,
+            lse: Some(0x5000),
             problem: FwdProblem {
                 batch: b,
                 heads_q: hq,
@@ -859,7 +866,7 @@ mod tests {
             k: TensorArg::thd(0x2000, 2, 64),
             v: TensorArg::thd(0x3000, 2, 64),
             o: TensorArg::thd(0x4000, 4, 64),
-            lse: 0x5000,
+            lse: Some(0x5000),
             problem: FwdProblem {
                 batch: 3,
                 heads_q: 4,
@@ -981,6 +988,22 @@ mod tests {
         let thd = p(Mask::None, Layout::Thd);
         let a = dense_args(1, 4, 4, 64, 64, 128);
         assert!(matches!(check_fwd(&thd, &a), Err(LaunchError::SpecMismatch { .. })));
+    }
+
+    #[test]
+    fn lse_is_checked_when_given_and_null_in_the_params_when_left_out() {
+        let pl = p(Mask::None, Layout::Dense);
+        let mut a = dense_args(1, 4, 4, 64, 64, 128);
+        for bad in [0, 0x5002] {
+            a.lse = Some(bad);
+            assert!(matches!(
+                check_fwd(&pl, &a),
+                Err(LaunchError::InvalidArgument { arg: "lse", .. })
+            ));
+        }
+        a.lse = None;
+        let (params, _) = check_fwd(&pl, &a).unwrap().unwrap();
+        assert_eq!((params.lse, params.o), (0, 0x4000));
     }
 
     #[test]

@@ -226,9 +226,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
         __syncthreads();                                 // buffer `buf` is refilled next iteration
     }
 
-    // Epilogue: normalize, write O (elements) and LSE (f32, natural log).
+    // Epilogue: normalize, write O (elements) and LSE (f32, natural log;
+    // a null p.lse means not wanted).
     elem_t* gO = p.o + b * p.o_sb + (long long)q_off * p.o_ss + h * p.o_sh;
-    float* gL = p.lse + b * p.lse_sb + h * p.lse_sh + q_off;
+    float* gL = p.lse != nullptr ? p.lse + b * p.lse_sb + h * p.lse_sh + q_off : nullptr;
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt) {
 #pragma unroll
@@ -245,7 +246,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
                             pack2(acc_o[mt][j][2 * r] * inv, acc_o[mt][j][2 * r + 1] * inv);
                     }
                 }
-                if (t == 0) {
+                if (t == 0 && gL != nullptr) {
                     gL[i] = l > 0.f ? (row_max[mt][r] + fast_log2(l)) * 0.6931471805599453f : NEG_INF;
                 }
             }

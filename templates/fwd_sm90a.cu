@@ -439,9 +439,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (n_tiles > 0) ++q_loads;
         ring_par ^= ring_flips(max(n_tiles, 0));
 
-        // Epilogue: normalize, write O (elements) and LSE (f32, natural log).
+        // Epilogue: normalize, write O (elements) and LSE (f32, natural log;
+        // a null p.lse means not wanted).
         elem_t* gO = p.o + w.b * p.o_sb + (long long)w.q_off * p.o_ss + w.h * p.o_sh;
-        float* gL = p.lse + w.b * p.lse_sb + w.h * p.lse_sh + w.q_off;
+        float* gL = p.lse != nullptr ? p.lse + w.b * p.lse_sb + w.h * p.lse_sh + w.q_off : nullptr;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int i = row0 + 8 * r;
@@ -456,7 +457,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                             pack2(acc_o[j][2 * r] * inv, acc_o[j][2 * r + 1] * inv);
                     }
                 }
-                if (t == 0) gL[i] = l > 0.f ? (row_max[0][r] + fast_log2(l)) * 0.6931471805599453f : NEG_INF;
+                if (t == 0 && gL != nullptr) gL[i] = l > 0.f ? (row_max[0][r] + fast_log2(l)) * 0.6931471805599453f : NEG_INF;
             }
         }
     TILE_LOOP_END

@@ -271,7 +271,7 @@ fn run_case(
         k: with(tk, b_k.ptr),
         v: with(tv, b_v.ptr),
         o: with(to, b_o.ptr),
-        lse: b_lse.ptr,
+        lse: Some(b_lse.ptr),
         problem: problem.clone(),
     };
     let floaded = launch::load(&fk).expect("load fwd");
@@ -521,7 +521,7 @@ impl BenchProblem {
             k: t(1),
             v: t(2),
             o: t(4),
-            lse: bufs[8].ptr,
+            lse: Some(bufs[8].ptr),
             problem: problem.clone(),
         };
         // SAFETY: buffers sized for the problem; null stream; synchronized.
@@ -701,6 +701,7 @@ fn tune(gpu: Option<((i32, i32), attnforge::Arch)>) {
                 t(8, 32, 32, 0, 0),
                 t(8, 64, 64, 0, 0),
                 t(8, 64, 64, 0, 32),
+                t(8, 64, 64, 0, 64),
                 t(8, 64, 32, 0, 0),
             ],
         ),

@@ -248,7 +248,7 @@ fn run_case(
         k: with(tk, pk),
         v: with(tv, pv),
         o: with(to, o_buf.ptr),
-        lse: lse_buf.ptr,
+        lse: Some(lse_buf.ptr),
         problem: FwdProblem {
             batch: c.batch as u32,
             heads_q: hq as u32,
@@ -269,17 +269,42 @@ fn run_case(
     if let Some(cap) = grid_cap {
         loaded.set_persistent_grid(cap);
     }
-    // SAFETY: buffers sized for the shapes above, null stream.
-    let launched = unsafe { launch::launch_fwd(&loaded, &args, std::ptr::null_mut()) };
-    loaded.set_persistent_grid(default_cap);
-    launched.expect("launch");
-    // SAFETY: synchronize the context after the launch; a kernel fault surfaces here.
-    unsafe { sys::cuCtxSynchronize() }.result().expect("kernel execution");
-    drop(inputs);
-
+    // Twice: with the LSE, then the same call without one (inference), which
+    // must give O bitwise the same and leave the LSE buffer untouched.
+    let no_lse = FwdArgs {
+        lse: None,
+        ..args.clone()
+    };
+    let run = |a: &FwdArgs| {
+        // SAFETY: buffers sized for the shapes above, null stream.
+        let launched = unsafe { launch::launch_fwd(&loaded, a, std::ptr::null_mut()) };
+        if launched.is_err() {
+            loaded.set_persistent_grid(default_cap);
+        }
+        launched.expect("launch");
+        // SAFETY: synchronize the context after the launch; a kernel fault surfaces here.
+        unsafe { sys::cuCtxSynchronize() }.result().expect("kernel execution");
+    };
+    run(&args);
     let o_dev: Vec<u16> = o_buf.download(qkv_len[3]);
     let lse_dev: Vec<f32> = lse_buf.download(lse_len);
+    o_buf.poison();
+    lse_buf.poison();
+    run(&no_lse);
+    loaded.set_persistent_grid(default_cap);
+    drop(inputs);
     let mut problems = Vec::new();
+    let o_again: Vec<u16> = o_buf.download(qkv_len[3]);
+    if o_again != o_dev {
+        let n = o_again.iter().zip(&o_dev).filter(|(a, b)| a != b).count();
+        problems.push(format!(
+            "without an LSE, {n} elements of O differ from the call with one"
+        ));
+    }
+    let lse_after: Vec<u32> = lse_buf.download(lse_len);
+    if let Some(i) = lse_after.iter().position(|&x| x != u32::MAX) {
+        problems.push(format!("without an LSE, LSE[{i}] was written"));
+    }
     let mut written = vec![false; o_dev.len()];
     let (mut err2, mut ref2, mut lse_max_abs) = (0.0f64, 0.0f64, 0.0f64);
     let scale = 1.0 / (dq as f64).sqrt();

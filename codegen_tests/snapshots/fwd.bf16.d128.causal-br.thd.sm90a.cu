@@ -301,7 +301,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&ro
 // ---- common/fwd_params.cuh: the forward kernels' parameter block ------------------
 // Launch parameters; the layout matches `attnforge::launch::FwdParams` (repr C).
 struct FwdParams {
-    const elem_t* q; const elem_t* k; const elem_t* v; elem_t* o; float* lse;
+    const elem_t* q; const elem_t* k; const elem_t* v; elem_t* o; float* lse;  // lse: null = not written
     const int* cu_seqlens_q; const int* cu_seqlens_k;    // THD only
     long long q_sb, q_ss, q_sh;                          // strides in elements
     long long k_sb, k_ss, k_sh;
@@ -701,9 +701,10 @@ attnforge_fwd_bf16_d128_causal_br_thd_sm90a(const __grid_constant__ FwdParams p,
         if (n_tiles > 0) ++q_loads;
         ring_par ^= ring_flips(max(n_tiles, 0));
 
-        // Epilogue: normalize, write O (elements) and LSE (f32, natural log).
+        // Epilogue: normalize, write O (elements) and LSE (f32, natural log;
+        // a null p.lse means not wanted).
         elem_t* gO = p.o + w.b * p.o_sb + (long long)w.q_off * p.o_ss + w.h * p.o_sh;
-        float* gL = p.lse + w.b * p.lse_sb + w.h * p.lse_sh + w.q_off;
+        float* gL = p.lse != nullptr ? p.lse + w.b * p.lse_sb + w.h * p.lse_sh + w.q_off : nullptr;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int i = row0 + 8 * r;
@@ -718,7 +719,7 @@ attnforge_fwd_bf16_d128_causal_br_thd_sm90a(const __grid_constant__ FwdParams p,
                             pack2(acc_o[j][2 * r] * inv, acc_o[j][2 * r + 1] * inv);
                     }
                 }
-                if (t == 0) gL[i] = l > 0.f ? (row_max[0][r] + fast_log2(l)) * 0.6931471805599453f : NEG_INF;
+                if (t == 0 && gL != nullptr) gL[i] = l > 0.f ? (row_max[0][r] + fast_log2(l)) * 0.6931471805599453f : NEG_INF;
             }
         }
     TILE_LOOP_END

@@ -202,7 +202,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&ro
 // ---- common/fwd_params.cuh: the forward kernels' parameter block ------------------
 // Launch parameters; the layout matches `attnforge::launch::FwdParams` (repr C).
 struct FwdParams {
-    const elem_t* q; const elem_t* k; const elem_t* v; elem_t* o; float* lse;
+    const elem_t* q; const elem_t* k; const elem_t* v; elem_t* o; float* lse;  // lse: null = not written
     const int* cu_seqlens_q; const int* cu_seqlens_k;    // THD only
     long long q_sb, q_ss, q_sh;                          // strides in elements
     long long k_sb, k_ss, k_sh;
@@ -412,9 +412,10 @@ attnforge_fwd_bf16_d192v128_causal_br_dense_sm80(const FwdParams p) {
         __syncthreads();                                 // buffer `buf` is refilled next iteration
     }
 
-    // Epilogue: normalize, write O (elements) and LSE (f32, natural log).
+    // Epilogue: normalize, write O (elements) and LSE (f32, natural log;
+    // a null p.lse means not wanted).
     elem_t* gO = p.o + b * p.o_sb + (long long)q_off * p.o_ss + h * p.o_sh;
-    float* gL = p.lse + b * p.lse_sb + h * p.lse_sh + q_off;
+    float* gL = p.lse != nullptr ? p.lse + b * p.lse_sb + h * p.lse_sh + q_off : nullptr;
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt) {
 #pragma unroll
@@ -431,7 +432,7 @@ attnforge_fwd_bf16_d192v128_causal_br_dense_sm80(const FwdParams p) {
                             pack2(acc_o[mt][j][2 * r] * inv, acc_o[mt][j][2 * r + 1] * inv);
                     }
                 }
-                if (t == 0) {
+                if (t == 0 && gL != nullptr) {
                     gL[i] = l > 0.f ? (row_max[mt][r] + fast_log2(l)) * 0.6931471805599453f : NEG_INF;
                 }
             }

@@ -924,15 +924,17 @@ def _fast_plan(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: Optional
     return e
 
 
-def _fwd_generated_fast(e: _FastEntry, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor) -> None:
-    e.handle.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), 0, 0, _raw_stream(e.index))
+def _fwd_generated_fast(e: _FastEntry, qp: int, kp: int, vp: int, out: Tensor, lse: Optional[Tensor]) -> None:
+    """The entry's generated forward on q, k, v at data pointers ``qp``, ``kp``,
+    ``vp``; ``lse=None``: O only (no backward follows)."""
+    e.handle.run(qp, kp, vp, out.data_ptr(), 0 if lse is None else lse.data_ptr(), 0, 0, _raw_stream(e.index))
 
 
 def _fast_forward(e: _FastEntry, q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
     out = _empty_strided(e.out[0], e.out[1], dtype=e.dtype, device=e.device)
     lse = _empty_strided(e.lse[0], e.lse[1], dtype=_F32, device=e.device)
     if e.handle is not None:
-        _fwd_generated_fast(e, q, k, v, out, lse)
+        _fwd_generated_fast(e, q.data_ptr(), k.data_ptr(), v.data_ptr(), out, lse)
     else:
         _FWD[e.fwd](e.prob, q, k, v, None, None, out, lse, False, e.sq, e.sk, e.scale, e.mask, _NO_WINDOW)
     return out, lse
@@ -1041,10 +1043,16 @@ def _fast_sdpa(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any, is_causal
         _FAST[key] = e
     if e is None:
         return None
-    if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
+    qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    if (qp | kp | vp) & 15:
         return None  # the custom-op path copies what the kernels cannot read in place
     if grad:
         return _FastAttention.apply(q, k, v, e)
+    if e.handle is not None:
+        # No backward follows: the generated forward writes O only, no LSE to allocate.
+        out = _empty_strided(e.out[0], e.out[1], dtype=e.dtype, device=e.device)
+        _fwd_generated_fast(e, qp, kp, vp, out, None)
+        return out
     return _fast_forward(e, q, k, v)[0]
 
 

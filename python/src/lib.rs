@@ -590,7 +590,8 @@ impl FwdLaunch {
     }
 
     /// Launch on `stream` (a `CUstream` handle): O and the f32 LSE into
-    /// caller-allocated memory at the given device pointers.
+    /// caller-allocated memory at the given device pointers; `lse` = 0: O
+    /// only (no backward follows).
     #[pyo3(signature = (q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, stream))]
     #[allow(clippy::too_many_arguments)]
     fn run(

@@ -253,8 +253,8 @@ def test_launch_handle_checks_pointers_before_anything_runs():
         h.run(good + 8, good, good, good, good, 0, 0, 0)
     with pytest.raises(ValueError, match="null pointer"):
         h.run(good, good, good, 0, good, 0, 0, 0)
-    with pytest.raises(ValueError, match="LSE"):
-        h.run(good, good, good, good, 0, 0, 0, 0)
+    with pytest.raises(ValueError, match="LSE"):  # 0 = no LSE wanted (no-grad calls); misaligned is an error
+        h.run(good, good, good, good, good + 2, 0, 0, 0)
     with pytest.raises(ValueError, match="cu_seqlens"):
         h.run(good, good, good, good, good, good, good, 0)
     assert not h.loaded

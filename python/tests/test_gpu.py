@@ -215,6 +215,30 @@ def test_mix_and_match_backends_per_direction(fwd, bwd, monkeypatch):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_no_grad_call_writes_o_only_and_matches_the_op(causal, monkeypatch):
+    # Without grad the fast path's generated forward is told to skip the LSE
+    # (none is allocated): O must be the custom op's O, bitwise, and match math.
+    need_generated()
+    seen = []
+    real = at._fwd_generated_fast
+
+    def spy(e, qp, kp, vp, out, lse):
+        seen.append(lse)
+        return real(e, qp, kp, vp, out, lse)
+
+    monkeypatch.setattr(at, "_fwd_generated_fast", spy)
+    at._FAST.clear()
+    q, k, v = (make(2, 8, 333, 128, torch.bfloat16, "bshd", grad=False) for _ in range(3))
+    out = at.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert seen == [None], seen
+    op_out, _ = torch.ops.attnforge.sdpa_fwd(q, k, v, None, None, 333, 333, 0.0, "causal-tl" if causal else "none",
+                                             -1, -1, 0.0)
+    torch.testing.assert_close(out, op_out, atol=0, rtol=0)
+    ref, _ = math_sdpa64(q, k, v, is_causal=causal)
+    assert rel(out, ref) < TOL[torch.bfloat16][0]
+
+
 def test_attn_mask_routes_to_cudnn_and_matches_math():
     need_backend("torch-cudnn", dtype="bf16", head_dim=64, attn_mask=True, requires_grad=True)
     q, k, v = (make(2, 4, 128, 64, torch.bfloat16) for _ in range(3))

@@ -74,7 +74,9 @@ pub struct FwdCall {
     pub k: TensorArg,
     pub v: TensorArg,
     pub o: TensorArg,
-    /// f32 LSE output in the producing backend's layout (see `context`).
+    /// f32 LSE output in the producing backend's layout (see `context`);
+    /// 0 = not wanted (inference): the generated forward then writes O only,
+    /// and a backward refuses the call's context (its LSE pointer is null).
     pub lse: u64,
     /// THD: int32 `[batch + 1]` prefix sums on the device.
     pub cu_seqlens_q: Option<u64>,

@@ -140,7 +140,7 @@ impl GeneratedBackend {
             k: call.k,
             v: call.v,
             o: call.o,
-            lse: call.lse,
+            lse: (call.lse != 0).then_some(call.lse),
             problem: FwdProblem {
                 batch: p.batch,
                 heads_q: p.heads_q,

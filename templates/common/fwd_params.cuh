@@ -1,7 +1,7 @@
 // ---- common/fwd_params.cuh: the forward kernels' parameter block ------------------
 // Launch parameters; the layout matches `attnforge::launch::FwdParams` (repr C).
 struct FwdParams {
-    const elem_t* q; const elem_t* k; const elem_t* v; elem_t* o; float* lse;
+    const elem_t* q; const elem_t* k; const elem_t* v; elem_t* o; float* lse;  // lse: null = not written
     const int* cu_seqlens_q; const int* cu_seqlens_k;    // THD only
     long long q_sb, q_ss, q_sh;                          // strides in elements
     long long k_sb, k_ss, k_sh;
