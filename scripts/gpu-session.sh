@@ -52,7 +52,7 @@ for step in "${steps[@]}"; do
         # From /tmp, so that the source tree's python/attnforge cannot shadow the wheel.
         run pytest-gpu "${LIMIT_PY:-120}" bash -c "cd /tmp && PYTHONPATH='$site' python3 -m pytest \
           '$PWD/python/tests' -m gpu -q -rs -s -p no:cacheprovider"
-        tail -n 1 "$out/pytest-gpu.log"; grep "host time" "$out/pytest-gpu.log"
+        tail -n 1 "$out/pytest-gpu.log"; grep -A1 "host time" "$out/pytest-gpu.log"
       else
         echo "py: skipped (no wheel in .gpu or no torch)"
       fi ;;

@@ -186,12 +186,30 @@ def test_entry_for_the_generated_forward_holds_a_launch_handle():
     assert e.handle.spec == "fwd.bf16.d64.causal-tl.dense.sm90a"
     assert not e.handle.loaded
     assert e.out == (tuple(q.shape), at._alloc_like(q, 64).stride())
+    # O by torch.empty_like(q) where that gives O's layout, checked by a probe.
+    assert e.out_like_q and at._fast_out(e, q).stride() == e.out[1]
     assert e.lse == ((1, 8, 128), (8 * 128, 128, 1))
     assert e.scale == pytest.approx(1 / 8) and e.scale_arg == 0.0
     assert e.prob == at._problem(q, q, q, None, None, 128, 128, 1 / 8, "causal-tl", (-1, -1), 0.0, False, False,
                                  SM90)
     # The forward named by the entry is the core's decision for the call.
     assert _core.decide(e.prob)[0] == "generated"
+
+
+@pytest.mark.parametrize("q, dv, like", [
+    (bhsd(), 64, True),   # dense: empty_like keeps q's strides
+    (bshd(), 64, True),
+    # A slice of packed qkv (gaps between rows): empty_like packs it in q's order, as O is.
+    (torch.randn(1, 128, 3, 8, 64, dtype=BF16)[:, :, 0].transpose(1, 2), 64, True),
+    (bhsd(d=192), 128, False),  # d_v != d_qk: O is not shaped like q
+])
+def test_output_allocation_matches_the_entry_layout(q, dv, like):
+    v = torch.randn(*q.shape[:-1], dv, dtype=BF16)
+    e = plan(q, q.clone(), v, is_causal=False)
+    assert e is not None and e.out_like_q == like
+    if like:  # (otherwise O comes from torch.empty_strided on the entry's CUDA device)
+        out = at._fast_out(e, q)
+        assert (tuple(out.shape), out.stride()) == e.out and out.dtype == q.dtype
 
 
 def test_entry_for_a_torch_forward_has_no_handle():
