@@ -509,6 +509,13 @@ mod tests {
             check_bwd(&p, &a, 0, 0),
             Err(LaunchError::InvalidArgument { arg: "dsum", .. })
         ));
+        // The context of a forward run without an LSE (inference) cannot feed a backward.
+        a = ok.clone();
+        a.lse = 0;
+        assert!(matches!(
+            check_bwd(&p, &a, 0, 0),
+            Err(LaunchError::InvalidArgument { arg: "lse", .. })
+        ));
         a = ok.clone();
         a.problem.heads_kv = 3;
         assert!(matches!(

@@ -433,15 +433,15 @@ attnforge_bwd_f16_d64_window_thd_softcap_det_sm90a_pre(const BwdParams p) {
 
 
 
+// ---- common/tile.cuh: global -> shared tile copies (cp.async) ---------------------
 
-// ---- tiles and warp-level GEMM ----------------------------------------------------
-
-// Copy ROWS x DPAD tile rows from global (row pitch `stride`) into shared memory
-// (pitch PITCH) with cp.async, zero-filling rows >= valid_rows and columns >= d_real.
+// Copy ROWS x DPAD tile rows from global (row pitch `stride` elements) into
+// shared memory (pitch PITCH elements) with cp.async, zero-filling rows >=
+// valid_rows and columns >= d_real; NTHREADS threads share the work.
 // Where the threads cover whole rows per pass (NTHREADS a multiple of the
 // row's 16-byte chunks), each thread keeps one column and one source pointer
 // and steps it by a constant row count: one 64-bit add, a compare and the
-// copy per chunk (ncu, d128: the general form's per-chunk divisions and
+// copy per chunk (ncu, bwd d128: the general form's per-chunk divisions and
 // 64-bit multiplies were 12% of the main kernel's instructions).
 template <int ROWS, int DPAD, int PITCH, int NTHREADS>
 __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, long long stride,
@@ -476,6 +476,9 @@ __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, lon
         }
     }
 }
+
+
+// ---- tiles and warp-level GEMM ----------------------------------------------------
 
 // ldmatrix addresses. A fragment tile (16 x 16) is `outer` rows/cols by `k`
 // (16 each); its byte offset in a tile stored with row pitch `pitch`

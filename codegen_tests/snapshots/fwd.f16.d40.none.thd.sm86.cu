@@ -219,34 +219,42 @@ struct FwdParams {
 };
 
 
-// Copy `ROWS` x DPAD tile rows from global (row pitch `stride` elements) into
-// shared memory (pitch PITCH), zero-filling rows >= valid_rows and columns
-// >= d_real. When the block's threads tile the 16-byte chunks of a row
-// evenly, each thread owns one chunk column and walks rows with a fixed
-// step, so the only live state is one pointer and one row index.
-template <int ROWS, int DPAD, int PITCH>
+// ---- common/tile.cuh: global -> shared tile copies (cp.async) ---------------------
+
+// Copy ROWS x DPAD tile rows from global (row pitch `stride` elements) into
+// shared memory (pitch PITCH elements) with cp.async, zero-filling rows >=
+// valid_rows and columns >= d_real; NTHREADS threads share the work.
+// Where the threads cover whole rows per pass (NTHREADS a multiple of the
+// row's 16-byte chunks), each thread keeps one column and one source pointer
+// and steps it by a constant row count: one 64-bit add, a compare and the
+// copy per chunk (ncu, bwd d128: the general form's per-chunk divisions and
+// 64-bit multiplies were 12% of the main kernel's instructions).
+template <int ROWS, int DPAD, int PITCH, int NTHREADS>
 __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, long long stride,
                                           int valid_rows, int d_real, int tid) {
     constexpr int CHUNKS = DPAD / 8;                     // 16-byte chunks per row
     const unsigned s0 = smem_addr(smem);
-    if constexpr (THREADS % CHUNKS == 0) {
-        constexpr int STEP = THREADS / CHUNKS;           // rows per pass
-        const int c = tid % CHUNKS, r0 = tid / CHUNKS;
-        const bool col_ok = c * 8 < d_real;
-        const elem_t* src = gbase + r0 * stride + c * 8;
-        const long long step = STEP * stride;
+    constexpr int TOTAL = ROWS * CHUNKS;
+    if constexpr (NTHREADS % CHUNKS == 0) {
+        constexpr int RPP = NTHREADS / CHUNKS;           // rows per pass
+        const int r = tid / CHUNKS, c = tid % CHUNKS;
+        const bool col_ok = c * 8 < d_real;          // d_real is a constant at every call
+        const int rows_left = valid_rows - r;            // this thread's rows r + i * RPP
+        const elem_t* src = gbase + r * stride + c * 8;
+        const long long step = RPP * stride;
+        const unsigned dst = s0 + (r * PITCH + c * 8) * 2;
 #pragma unroll
-        for (int k = 0; k < (ROWS + STEP - 1) / STEP; ++k) {
-            const int r = r0 + k * STEP;
-            if (ROWS % STEP == 0 || r < ROWS) {
-                const bool ok = col_ok && r < valid_rows;
-                cp_async_16(s0 + (r * PITCH + c * 8) * 2, ok ? src : gbase, ok ? 16 : 0);
-            }
+        for (int i = 0; i < (ROWS + RPP - 1) / RPP; ++i) {  // compile-time trip count
+            if (ROWS % RPP != 0 && r + i * RPP >= ROWS) break;
+            const bool ok = col_ok && i * RPP < rows_left;
+            cp_async_16(dst + i * RPP * PITCH * 2, ok ? src : gbase, ok ? 16 : 0);
             src += step;
         }
     } else {
 #pragma unroll
-        for (int idx = tid; idx < ROWS * CHUNKS; idx += THREADS) {
+        for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {  // compile-time trip count
+            const int idx = tid + i * NTHREADS;
+            if (TOTAL % NTHREADS != 0 && idx >= TOTAL) break;
             const int r = idx / CHUNKS, c = idx % CHUNKS;
             const bool ok = r < valid_rows && c * 8 < d_real;
             const elem_t* src = ok ? gbase + r * stride + c * 8 : gbase;
@@ -254,6 +262,7 @@ __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, lon
         }
     }
 }
+
 
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
 attnforge_fwd_f16_d40_none_thd_sm86(const FwdParams p) {
@@ -306,9 +315,9 @@ attnforge_fwd_f16_d40_none_thd_sm86(const FwdParams p) {
     const int g = lane / 4, t = lane % 4;
 
     if (n_tiles > 0) {
-        load_tile<BLOCK_M, DQK, PITCH_QK>(sQ, gQ, p.q_ss, sq - m0, D_QK, tid);
-        load_tile<BLOCK_N, DQK, PITCH_QK>(sK, gK + n_begin * p.k_ss, p.k_ss, sk - n_begin, D_QK, tid);
-        load_tile<BLOCK_N, DV, PITCH_V>(sV, gV + n_begin * p.v_ss, p.v_ss, sk - n_begin, D_V, tid);
+        load_tile<BLOCK_M, DQK, PITCH_QK, THREADS>(sQ, gQ, p.q_ss, sq - m0, D_QK, tid);
+        load_tile<BLOCK_N, DQK, PITCH_QK, THREADS>(sK, gK + n_begin * p.k_ss, p.k_ss, sk - n_begin, D_QK, tid);
+        load_tile<BLOCK_N, DV, PITCH_V, THREADS>(sV, gV + n_begin * p.v_ss, p.v_ss, sk - n_begin, D_V, tid);
         cp_async_commit();
     }
 
@@ -317,8 +326,8 @@ attnforge_fwd_f16_d40_none_thd_sm86(const FwdParams p) {
         const int buf = it & 1;
         if (it + 1 < n_tiles) {                          // prefetch the next K/V tile
             const int n1 = n0 + BLOCK_N;
-            load_tile<BLOCK_N, DQK, PITCH_QK>(sK + (buf ^ 1) * BLOCK_N * PITCH_QK, gK + n1 * p.k_ss, p.k_ss, sk - n1, D_QK, tid);
-            load_tile<BLOCK_N, DV, PITCH_V>(sV + (buf ^ 1) * BLOCK_N * PITCH_V, gV + n1 * p.v_ss, p.v_ss, sk - n1, D_V, tid);
+            load_tile<BLOCK_N, DQK, PITCH_QK, THREADS>(sK + (buf ^ 1) * BLOCK_N * PITCH_QK, gK + n1 * p.k_ss, p.k_ss, sk - n1, D_QK, tid);
+            load_tile<BLOCK_N, DV, PITCH_V, THREADS>(sV + (buf ^ 1) * BLOCK_N * PITCH_V, gV + n1 * p.v_ss, p.v_ss, sk - n1, D_V, tid);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
