@@ -179,8 +179,8 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
 /// The sm90a forward's variants (tuning; `--tune90`): per head dim the
 /// planner's tiles, one block per work tile and persistent (one block per
 /// SM walking the tiles), and any listed alternatives; built and checked for
-/// spills first (works without a GPU), then timed at seqlen 512..16k, causal
-/// and not.
+/// spills first (works without a GPU; `ATTNFORGE_TUNE_CUBINS=DIR` writes
+/// their cubins there), then timed at seqlen 512..16k, causal and not.
 fn tune90(rng: &mut rand::rngs::StdRng) {
     use attnforge::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
     // Alternatives to the planner's tiles per head dim: the other consumer
@@ -196,7 +196,21 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
     };
     let alternatives: &[(usize, Vec<Sm90aFwdTiles>)] = &[
         (64, vec![consumers(2, 192, 3), consumers(3, 112, 3)]),
-        (128, vec![consumers(3, 80, 2)]),
+        (
+            128,
+            vec![
+                consumers(2, 160, 2),
+                consumers(2, 176, 2),
+                Sm90aFwdTiles {
+                    persistent: true,
+                    ..consumers(2, 160, 2)
+                },
+                Sm90aFwdTiles {
+                    persistent: true,
+                    ..consumers(2, 176, 2)
+                },
+            ],
+        ),
     ];
     let mut built = Vec::new();
     for d in [64usize, 128, 256] {
@@ -207,11 +221,16 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
             let mut tiles = vec![
                 base,
                 Sm90aFwdTiles {
-                    persistent: true,
+                    persistent: !base.persistent,
                     ..base
                 },
                 Sm90aFwdTiles {
                     head_major: !base.head_major,
+                    ..base
+                },
+                Sm90aFwdTiles {
+                    head_major: !base.head_major,
+                    persistent: !base.persistent,
                     ..base
                 },
             ];
@@ -230,6 +249,17 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                             "tune90 {spec} {tiles:?}: bn={bn} stages={st} pingpong={pp} regs={} spills={spills} B",
                             k.meta.registers
                         );
+                        if let Some(dir) = std::env::var_os("ATTNFORGE_TUNE_CUBINS") {
+                            // For reading the machine code (cuobjdump --dump-sass) without a GPU.
+                            let name = format!(
+                                "{spec}.c{}.bn{bn}.st{st}{}{}.cubin",
+                                tiles.consumers,
+                                if tiles.persistent { ".persistent" } else { "" },
+                                if tiles.head_major { "" } else { ".qbm" }
+                            );
+                            std::fs::create_dir_all(&dir).expect("cubin dir");
+                            std::fs::write(std::path::Path::new(&dir).join(name), &k.cubin).expect("write cubin");
+                        }
                         if spills == 0 {
                             built.push((d, causal, tiles, k));
                         }
@@ -253,6 +283,11 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
             let o = Dev::zeroed(n * 2);
             let lse = Dev::zeroed(b * h * s * 4);
             let lk = launch::load(k).expect("load");
+            if tiles.persistent {
+                // Walk with the resident blocks at every length (the
+                // launcher's rule would give long keys one block per tile).
+                lk.set_persistent_grid(lk.resident_blocks());
+            }
             let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
             // SAFETY: buffers sized for the problem.
             let ms = time_ms(
@@ -260,6 +295,7 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                 5,
                 7,
             );
+            lk.set_persistent_grid(0);
             let tf = 4.0 * (b * h * s * s * d) as f64 * if *causal { 0.5 } else { 1.0 } / ms / 1e9;
             println!(
                 "tune90 d={d:<3} s={s:<5} causal={causal:<5} consumers={} bn={:<3} stages={} pingpong={:<5} persistent={:<5} head_major={:<5} {tf:6.1} TFLOP/s",

@@ -498,24 +498,40 @@ pub struct LoadedKernel {
     /// encode (a pure function of them), so that repeated calls on the same
     /// buffers skip the driver's encoding.
     last_maps: Mutex<Option<([TmaView; 3], [sys::CUtensorMap; 3])>>,
-    /// Persistent kernels ([`GridRule::PersistentTiles`]): the most blocks a
-    /// launch gets (SMs × resident blocks per SM, from the driver at load).
+    /// Persistent kernels ([`GridRule::PersistentTiles`]): the blocks the
+    /// device holds at once (SMs × resident blocks per SM, from the driver at load).
+    resident: u32,
+    /// An explicit block cap for persistent launches; 0 = the launcher's rule
+    /// ([`crate::plan::sm90a_persistent_walk_pays`]).
     persistent_grid: AtomicU32,
 }
 
 impl LoadedKernel {
-    /// The block cap of a persistent launch (see [`Self::set_persistent_grid`]).
+    /// The explicit block cap of persistent launches, 0 when the launcher's
+    /// rule decides (see [`Self::set_persistent_grid`]).
     pub fn persistent_grid(&self) -> u32 {
         self.persistent_grid.load(Ordering::Relaxed)
+    }
+
+    /// The blocks the device holds at once for this kernel (persistent
+    /// kernels; [`MAX_PERSISTENT_GRID`] for others).
+    pub fn resident_blocks(&self) -> u32 {
+        self.resident
     }
 
     /// Cap the blocks of this kernel's persistent launches (clamped to
     /// 1..=65536): fewer blocks than SMs walk more tiles each (tests use it
     /// to make every block walk several tiles); `u32::MAX` gives one block
-    /// per tile, the non-persistent schedule. No effect on other grid rules.
+    /// per tile. 0 restores the launcher's rule: the resident blocks walk the
+    /// tiles where that pays ([`crate::plan::sm90a_persistent_walk_pays`]),
+    /// otherwise one block per tile. No effect on other grid rules.
     pub fn set_persistent_grid(&self, blocks: u32) {
-        self.persistent_grid
-            .store(blocks.clamp(1, MAX_PERSISTENT_GRID), Ordering::Relaxed);
+        let cap = if blocks == 0 {
+            0
+        } else {
+            blocks.clamp(1, MAX_PERSISTENT_GRID)
+        };
+        self.persistent_grid.store(cap, Ordering::Relaxed);
     }
 
     /// The entry point `name` of this module: the plan's `entry` is the one
@@ -626,7 +642,8 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
             func,
             others: Mutex::new(HashMap::new()),
             last_maps: Mutex::new(None),
-            persistent_grid: AtomicU32::new(resident.clamp(1, MAX_PERSISTENT_GRID)),
+            resident: resident.clamp(1, MAX_PERSISTENT_GRID),
+            persistent_grid: AtomicU32::new(0),
         }
     };
     let loaded = Arc::new(loaded);
@@ -659,7 +676,12 @@ pub unsafe fn launch_fwd(k: &LoadedKernel, args: &FwdArgs, stream: sys::CUstream
         return Ok(());
     };
     if k.plan.grid == GridRule::PersistentTiles {
-        dims.grid.0 = dims.grid.0.min(k.persistent_grid());
+        let cap = match k.persistent_grid() {
+            0 if crate::plan::sm90a_persistent_walk_pays(args.problem.seqlen_k) => k.resident,
+            0 => u32::MAX,
+            c => c,
+        };
+        dims.grid.0 = dims.grid.0.min(cap);
     }
     // The sm90a forward takes its Q/K/V tensor maps after the parameter block.
     let (mut maps, n) = if k.plan.template == Template::FwdSm90a {

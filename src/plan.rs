@@ -306,6 +306,22 @@ fn fwd_sm90a_smem(block_m: u32, block_n: u32, stages: u32, qk_chunks: u32, v_chu
     tiles + 1024 + 8 * (2 + 4 * stages)
 }
 
+/// Longest keys (dense `seqlen_k`, ragged maximum) for which a persistent
+/// sm90a forward walks its tiles with the resident blocks; past it the
+/// launcher gives it one block per tile. H200, 2026-12-04 (`gpu_bench
+/// --tune90`, three runs, docs/benchmarks/2026-12-04-s9-tune90.md): the walk
+/// overlaps a tile's epilogue with the next one's Q load and wins where tiles
+/// are short (seqlen 512: +5..13%; 2k: +0..6%), while at 8k and 16k one block
+/// per tile was 3..10% faster (under a causal mask, whose tile lengths a
+/// static walk cannot balance as the hardware's block dispatch does).
+pub const SM90A_PERSISTENT_MAX_KEYS: u32 = 2048;
+
+/// Whether a persistent sm90a forward should walk its tiles with the resident
+/// blocks for keys this long (see [`SM90A_PERSISTENT_MAX_KEYS`]).
+pub fn sm90a_persistent_walk_pays(seqlen_k: u32) -> bool {
+    seqlen_k <= SM90A_PERSISTENT_MAX_KEYS
+}
+
 /// The free choices of the Hopper forward: keys per step, K/V ring depth,
 /// and the consumers' schedule (see [`KernelPlan::consumer_pipelined`] and
 /// [`KernelPlan::pingpong`]).
@@ -340,10 +356,24 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
     // flight share one head's K and V in L2), and three consumer warpgroups at
     // d <= 64 (block_n 128) +16..24% from 2k on (d64 8k 420 -> 521); not with
     // softcap, whose tanh terms do not fit the 160 registers (16..84 B spills).
+    //
+    // H200, 2026-12-04 (`gpu_bench --tune90`, three runs, and a same-run
+    // bench, docs/benchmarks/2026-12-04-s9-tune90.md): once the consumer
+    // index is warp-uniform (no R2UR in the main loop in either form), the
+    // persistent walk wins where tiles are short (seqlen 512: +5..13%) but
+    // loses 3..10% at 8k/16k, and the persistent cubin given one block per
+    // tile for long keys measured 4..14% under this one-tile cubin at d128
+    // without a mask (8k: 615 vs 701..712 TFLOP/s; 16k: 626 vs 652..704). Long sequences are
+    // where the targets are, so one tile per block stays the default; the
+    // persistent form is an option (with the launcher's walk rule). block_n
+    // 176 at d128 without a mask: +1..7% from 2k on in three runs (S 88 + P
+    // 44 + O 64 registers).
     let (block_n, stages, consumers) = if dmax <= 64 && spec.softcap {
         (192, 3, SM90A_CONSUMERS)
     } else if dmax <= 64 {
         (128, 3, 3)
+    } else if dmax <= 128 && spec.mask == Mask::None {
+        (176, 2, SM90A_CONSUMERS)
     } else if dmax <= 128 {
         (128, 2, SM90A_CONSUMERS)
     } else if dmax <= 192 {
@@ -426,9 +456,11 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         _ => "consumers one tile at a time: pipelining measured -11..-18% at d128/d256".into(),
     });
     reasons.push(if persistent {
-        "persistent: grid = min(work tiles, resident blocks); each block walks its tiles longest-first and \
-         loads the next tile's Q under this tile's last P V and epilogue"
-            .into()
+        format!(
+            "persistent: up to {SM90A_PERSISTENT_MAX_KEYS} keys the resident blocks walk the tiles, one per round \
+             of the grid (a snake: forward in even rounds, backward in odd ones), loading the next tile's Q under \
+             this tile's last P V and epilogue; longer keys get one block per tile"
+        )
     } else {
         "one block per work tile".into()
     });
@@ -612,6 +644,32 @@ mod tests {
         let p = plan_fwd_sm90a_with(&spec, big);
         assert!(p.smem_bytes <= Arch::Sm90a.max_smem_per_block(), "{}", p.smem_bytes);
         assert!(p.block_n.is_multiple_of(16));
+    }
+
+    #[test]
+    fn sm90a_forward_is_one_tile_per_block_and_persistent_walks_short_keys_only() {
+        for d in [64u16, 128, 256] {
+            for mask in [Mask::None, Mask::CausalTopLeft] {
+                for layout in [Layout::Dense, Layout::Thd] {
+                    let spec = AttnSpec::fwd(DType::Bf16, d, mask, layout, Arch::Sm90a);
+                    assert_eq!(plan(&spec).unwrap().grid, GridRule::BatchHeadsByQueryTiles, "{spec}");
+                    let tiles = Sm90aFwdTiles {
+                        persistent: true,
+                        ..default_sm90a_tiles(&spec)
+                    };
+                    assert_eq!(
+                        plan_fwd_sm90a_with(&spec, tiles).grid,
+                        GridRule::PersistentTiles,
+                        "{spec}"
+                    );
+                }
+            }
+        }
+        assert!(sm90a_persistent_walk_pays(512) && sm90a_persistent_walk_pays(SM90A_PERSISTENT_MAX_KEYS));
+        assert!(!sm90a_persistent_walk_pays(SM90A_PERSISTENT_MAX_KEYS + 1));
+        // block_n 176 at d128 only without a mask.
+        let bn = |mask| default_sm90a_tiles(&AttnSpec::fwd(DType::Bf16, 128, mask, Layout::Dense, Arch::Sm90a)).block_n;
+        assert_eq!((bn(Mask::None), bn(Mask::CausalTopLeft)), (176, 128));
     }
 
     #[test]

@@ -408,18 +408,24 @@ mod tests {
         let spec = AttnSpec::fwd(DType::Bf16, 128, Mask::CausalTopLeft, Layout::Dense, Arch::Sm90a);
         let base = default_sm90a_tiles(&spec);
         let src = |t: Sm90aFwdTiles| render(&plan_fwd_sm90a_with(&spec, t)).unwrap().source;
+        // One tile per block, head-major.
+        assert!(!base.persistent && base.head_major);
         let default = src(base);
-        assert!(default.contains("do {") && default.contains("Head-major") && default.contains("t / p.num_m_blocks"));
+        assert!(
+            default.contains("} while (false)") && default.contains("t / p.num_m_blocks") && !default.contains("odd ?")
+        );
         let qbm = src(Sm90aFwdTiles {
             head_major: false,
             ..base
         });
         assert!(!qbm.contains("Head-major") && qbm.contains("t / bh_count"));
+        // Persistent: head-major in sections, the snake walk.
         let pers = src(Sm90aFwdTiles {
             persistent: true,
             ..base
         });
-        assert!(pers.contains("tile += gridDim.x"));
+        assert!(pers.contains("Head-major in sections") && pers.contains("odd ? (int)gridDim.x - 1"));
+        assert!(!pers.contains("while (false)"));
         let three = src(Sm90aFwdTiles {
             consumers: 3,
             block_n: 80,

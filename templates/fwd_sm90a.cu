@@ -5,9 +5,10 @@
 // run S = QK^T (wgmma, both operands in shared memory), the online softmax in
 // registers, and O += PV (wgmma, P from registers, V read transposed).
 // Work tiles in the order of tile_at ({% if head_major %}head-major{% else %}longest causal tiles first{% endif %}): {% if persistent %}persistent,
-// the launcher sizes the grid to the resident blocks and each block walks
-// tiles blockIdx.x, + gridDim.x, ..., the next tile's Q loading while this
-// tile's last P V and epilogue run{% else %}one tile per block{% endif %}.
+// up to 2048 keys the launcher sizes the grid to the resident blocks (past
+// that, one block per tile) and each block walks
+// its tiles in a snake over rounds of gridDim.x tiles, the next tile's Q
+// loading while this tile's last P V and epilogue run{% else %}one tile per block{% endif %}.
 // Plan: block_m={{ block_m }} block_n={{ block_n }} stages={{ stages }} registers {{ producer_regs }}/{{ consumer_regs }}
 // consumer loop: {% if pipelined %}pipelined by one tile (S of the next tile issued before P V of this one){% if pingpong %}, the consumer warpgroups taking turns at the tensor cores (ping-pong){% endif %}{% else %}one tile at a time (the consumer warpgroups overlap each other){% endif %}.
 // Do not edit: rendered by attnforge from templates/fwd_sm90a.cu.
@@ -28,13 +29,16 @@ constexpr int MASK_KIND = {{ mask_kind }};
 constexpr bool IS_THD = {{ is_thd }};
 constexpr bool SOFTCAP = {{ softcap }};
 
-// The work-tile walk: persistent (each block walks tiles blockIdx.x, +
-// gridDim.x, ...) or one tile per block (grid (batch x heads, query
-// blocks)). The one-tile form is a do/while(false) so that `continue` skips
-// a tile in both; it keeps the loop nest shallow, which lets ptxas build the
-// wgmma descriptors in uniform registers (docs/kernels.md).
+// The work-tile walk: persistent (rounds of gridDim.x tiles; in round r
+// block i takes tile r * gridDim.x + i, or + gridDim.x - 1 - i in odd rounds,
+// a snake that evens out the work of blocks over a list of tiles whose
+// lengths fall along each round, as causal tiles do longest first) or one
+// tile per block (grid (batch x heads, query blocks)). The one-tile form is a
+// do/while(false) so that `continue` skips a tile in both.
 {% if persistent %}
-#define TILE_LOOP_BEGIN for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+#define TILE_LOOP_BEGIN for (int round_base = 0, odd = 0; round_base < total_tiles; round_base += gridDim.x, odd ^= 1) { \
+    const int tile = round_base + (odd ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x); \
+    if (tile >= total_tiles) continue;
 #define TILE_LOOP_END }
 {% else %}
 #define TILE_LOOP_BEGIN { const int tile = blockIdx.x + blockIdx.y * gridDim.x; do {
@@ -83,7 +87,29 @@ __device__ __forceinline__ unsigned ring_touched(int n) {
 // block first, so that under a causal mask the longest tiles start first.
 __device__ __forceinline__ Tile tile_at(const FwdParams& p, int t) {
     Tile w;
-{% if head_major %}
+{% if head_major and persistent %}
+    // Head-major in sections: the tiles of `hps` consecutive (batch, head)
+    // pairs, the last query block of each first, so that the blocks in flight
+    // share a few heads' K and V in L2. Without a mask every tile is as long
+    // as the next and a section is one head. With one, tile lengths fall with
+    // the query block, and a static walk over one head at a time would give
+    // some blocks the long end of every head (at 16k and d128 one head's 128
+    // query blocks are about one round of the grid): a section then spans at
+    // least two rounds, so that the snake pairs long tiles with short ones.
+    // When the grid covers every tile (the launcher's choice for long keys),
+    // the hardware hands out the tiles as blocks retire: one head a section.
+    const int bh_count = p.batch * p.heads_q;
+    const int m = p.num_m_blocks;
+    const bool walk = (int)gridDim.x < bh_count * m;
+    const int hps = MASK_KIND == 0 || !walk ? 1 : min(bh_count, max(1, (2 * (int)gridDim.x + m - 1) / m));
+    const int sec = t / (hps * m), j = t % (hps * m);
+    const int bh0 = sec * hps, n = min(hps, bh_count - bh0);
+    const int bh = bh0 + j % n;
+    w.b = bh / p.heads_q;
+    w.h = bh % p.heads_q;
+    w.hk = w.h / p.gqa_ratio;
+    w.m0 = (m - 1 - j / n) * BLOCK_M;
+{% elif head_major %}
     // Head-major: the query blocks of one (batch, head) are consecutive (the
     // last first), so the blocks in flight share that head's K and V in L2.
     const int bh = t / p.num_m_blocks;
@@ -245,7 +271,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
     // Consumers.
     regs_claim<{{ consumer_regs }}>();
-    const int cw = wg - 1;
+    const int cw = __shfl_sync(0xffffffffu, wg, 0) - 1;   // warp-uniform (lets ptxas use uniform registers)
     const int warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const unsigned q_rows = sQ + cw * 64 * 128;          // this warpgroup's 64 rows in each chunk
 {% if pingpong %}

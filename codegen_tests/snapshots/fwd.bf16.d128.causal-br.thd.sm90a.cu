@@ -25,11 +25,12 @@ constexpr int MASK_KIND = 2;
 constexpr bool IS_THD = true;
 constexpr bool SOFTCAP = false;
 
-// The work-tile walk: persistent (each block walks tiles blockIdx.x, +
-// gridDim.x, ...) or one tile per block (grid (batch x heads, query
-// blocks)). The one-tile form is a do/while(false) so that `continue` skips
-// a tile in both; it keeps the loop nest shallow, which lets ptxas build the
-// wgmma descriptors in uniform registers (docs/kernels.md).
+// The work-tile walk: persistent (rounds of gridDim.x tiles; in round r
+// block i takes tile r * gridDim.x + i, or + gridDim.x - 1 - i in odd rounds,
+// a snake that evens out the work of blocks over a list of tiles whose
+// lengths fall along each round, as causal tiles do longest first) or one
+// tile per block (grid (batch x heads, query blocks)). The one-tile form is a
+// do/while(false) so that `continue` skips a tile in both.
 
 #define TILE_LOOP_BEGIN { const int tile = blockIdx.x + blockIdx.y * gridDim.x; do {
 #define TILE_LOOP_END } while (false); }
@@ -537,7 +538,7 @@ attnforge_fwd_bf16_d128_causal_br_thd_sm90a(const __grid_constant__ FwdParams p,
 
     // Consumers.
     regs_claim<240>();
-    const int cw = wg - 1;
+    const int cw = __shfl_sync(0xffffffffu, wg, 0) - 1;   // warp-uniform (lets ptxas use uniform registers)
     const int warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const unsigned q_rows = sQ + cw * 64 * 128;          // this warpgroup's 64 rows in each chunk
 
