@@ -363,9 +363,11 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
     // persistent walk wins where tiles are short (seqlen 512: +5..13%) but
     // loses 3..10% at 8k/16k, and the persistent cubin given one block per
     // tile for long keys measured 4..14% under this one-tile cubin at d128
-    // without a mask (8k: 615 vs 701..712 TFLOP/s; 16k: 626 vs 652..704). Long sequences are
-    // where the targets are, so one tile per block stays the default; the
-    // persistent form is an option (with the launcher's walk rule). block_n
+    // without a mask (8k: 615 vs 701..712 TFLOP/s; 16k: 626 vs 652..704;
+    // the bench and the tune runs were different processes, cause not
+    // found). Long sequences are where the targets are, so one tile per
+    // block stays the default, as measured most often; the persistent form
+    // is an option (with the launcher's walk rule). block_n
     // 176 at d128 without a mask: +1..7% from 2k on in three runs (S 88 + P
     // 44 + O 64 registers).
     let (block_n, stages, consumers) = if dmax <= 64 && spec.softcap {
