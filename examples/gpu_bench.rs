@@ -283,29 +283,38 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
             let o = Dev::zeroed(n * 2);
             let lse = Dev::zeroed(b * h * s * 4);
             let lk = launch::load(k).expect("load");
-            if tiles.persistent {
-                // Walk with the resident blocks at every length (the
-                // launcher's rule would give long keys one block per tile).
-                lk.set_persistent_grid(lk.resident_blocks());
-            }
             let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
-            // SAFETY: buffers sized for the problem.
-            let ms = time_ms(
-                || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") },
-                5,
-                7,
-            );
-            lk.set_persistent_grid(0);
-            let tf = 4.0 * (b * h * s * s * d) as f64 * if *causal { 0.5 } else { 1.0 } / ms / 1e9;
-            println!(
-                "tune90 d={d:<3} s={s:<5} causal={causal:<5} consumers={} bn={:<3} stages={} pingpong={:<5} persistent={:<5} head_major={:<5} {tf:6.1} TFLOP/s",
-                k.plan.block_m / 64,
-                k.plan.block_n,
-                k.plan.stages,
-                k.plan.pingpong,
-                tiles.persistent,
-                tiles.head_major
-            );
+            // A persistent kernel walks with the resident blocks at every
+            // length; where the launcher's rule would give it one block per
+            // tile instead (long keys), that grid is timed too, in this
+            // process beside the one-tile cubin.
+            let mut grids = vec![("tiles", 0u32)];
+            if tiles.persistent {
+                grids = vec![("walk", lk.resident_blocks())];
+                if !attnforge::plan::sm90a_persistent_walk_pays(s as u32) {
+                    grids.push(("tiles", 0)); // 0: the launcher's rule
+                }
+            }
+            for (grid, cap) in grids {
+                lk.set_persistent_grid(cap);
+                // SAFETY: buffers sized for the problem.
+                let ms = time_ms(
+                    || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") },
+                    5,
+                    7,
+                );
+                lk.set_persistent_grid(0);
+                let tf = 4.0 * (b * h * s * s * d) as f64 * if *causal { 0.5 } else { 1.0 } / ms / 1e9;
+                println!(
+                    "tune90 d={d:<3} s={s:<5} causal={causal:<5} consumers={} bn={:<3} stages={} pingpong={:<5} persistent={:<5} head_major={:<5} {tf:6.1} TFLOP/s grid={grid}",
+                    k.plan.block_m / 64,
+                    k.plan.block_n,
+                    k.plan.stages,
+                    k.plan.pingpong,
+                    tiles.persistent,
+                    tiles.head_major
+                );
+            }
         }
     }
 }
