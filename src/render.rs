@@ -411,9 +411,7 @@ mod tests {
         // One tile per block, head-major.
         assert!(!base.persistent && base.head_major);
         let default = src(base);
-        assert!(
-            default.contains("} while (false)") && default.contains("t / p.num_m_blocks") && !default.contains("odd ?")
-        );
+        assert!(default.contains("} while (false)") && default.contains("bh = t / m;") && !default.contains("odd ?"));
         let qbm = src(Sm90aFwdTiles {
             head_major: false,
             ..base

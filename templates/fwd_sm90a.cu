@@ -5,8 +5,8 @@
 // run S = QK^T (wgmma, both operands in shared memory), the online softmax in
 // registers, and O += PV (wgmma, P from registers, V read transposed).
 // Work tiles in the order of tile_at ({% if head_major %}head-major{% else %}longest causal tiles first{% endif %}): {% if persistent %}persistent,
-// up to 2048 keys the launcher sizes the grid to the resident blocks (past
-// that, one block per tile) and each block walks
+// for short keys (plan::SM90A_PERSISTENT_MAX_KEYS) the launcher sizes the
+// grid to the resident blocks (past them, one block per tile) and each block walks
 // its tiles in a snake over rounds of gridDim.x tiles, the next tile's Q
 // loading while this tile's last P V and epilogue run{% else %}one tile per block{% endif %}.
 // Plan: block_m={{ block_m }} block_n={{ block_n }} stages={{ stages }} registers {{ producer_regs }}/{{ consumer_regs }}
@@ -87,6 +87,9 @@ __device__ __forceinline__ unsigned ring_touched(int n) {
 // block first, so that under a causal mask the longest tiles start first.
 __device__ __forceinline__ Tile tile_at(const FwdParams& p, int t) {
     Tile w;
+    const int bh_count = p.batch * p.heads_q;
+    const int m = p.num_m_blocks;
+    int bh, qb;                                          // (batch, head) pair; query block counted from the last
 {% if head_major and persistent %}
     // Head-major in sections: the tiles of `hps` consecutive (batch, head)
     // pairs, the last query block of each first, so that the blocks in flight
@@ -98,33 +101,25 @@ __device__ __forceinline__ Tile tile_at(const FwdParams& p, int t) {
     // least two rounds, so that the snake pairs long tiles with short ones.
     // When the grid covers every tile (the launcher's choice for long keys),
     // the hardware hands out the tiles as blocks retire: one head a section.
-    const int bh_count = p.batch * p.heads_q;
-    const int m = p.num_m_blocks;
     const bool walk = (int)gridDim.x < bh_count * m;
     const int hps = MASK_KIND == 0 || !walk ? 1 : min(bh_count, max(1, (2 * (int)gridDim.x + m - 1) / m));
     const int sec = t / (hps * m), j = t % (hps * m);
     const int bh0 = sec * hps, n = min(hps, bh_count - bh0);
-    const int bh = bh0 + j % n;
-    w.b = bh / p.heads_q;
-    w.h = bh % p.heads_q;
-    w.hk = w.h / p.gqa_ratio;
-    w.m0 = (m - 1 - j / n) * BLOCK_M;
+    bh = bh0 + j % n;
+    qb = j / n;
 {% elif head_major %}
     // Head-major: the query blocks of one (batch, head) are consecutive (the
     // last first), so the blocks in flight share that head's K and V in L2.
-    const int bh = t / p.num_m_blocks;
-    w.b = bh / p.heads_q;
-    w.h = bh % p.heads_q;
-    w.hk = w.h / p.gqa_ratio;
-    w.m0 = (p.num_m_blocks - 1 - t % p.num_m_blocks) * BLOCK_M;
+    bh = t / m;
+    qb = t % m;
 {% else %}
-    const int bh_count = p.batch * p.heads_q;
-    const int bh = t % bh_count;
+    bh = t % bh_count;
+    qb = t / bh_count;
+{% endif %}
     w.b = bh / p.heads_q;
     w.h = bh % p.heads_q;
     w.hk = w.h / p.gqa_ratio;
-    w.m0 = (p.num_m_blocks - 1 - t / bh_count) * BLOCK_M;
-{% endif %}
+    w.m0 = (m - 1 - qb) * BLOCK_M;
     w.sq = p.seqlen_q;
     w.sk = p.seqlen_k;
     w.q_off = 0;

@@ -355,15 +355,19 @@ __device__ __forceinline__ unsigned ring_touched(int n) {
 // block first, so that under a causal mask the longest tiles start first.
 __device__ __forceinline__ Tile tile_at(const FwdParams& p, int t) {
     Tile w;
+    const int bh_count = p.batch * p.heads_q;
+    const int m = p.num_m_blocks;
+    int bh, qb;                                          // (batch, head) pair; query block counted from the last
 
     // Head-major: the query blocks of one (batch, head) are consecutive (the
     // last first), so the blocks in flight share that head's K and V in L2.
-    const int bh = t / p.num_m_blocks;
+    bh = t / m;
+    qb = t % m;
+
     w.b = bh / p.heads_q;
     w.h = bh % p.heads_q;
     w.hk = w.h / p.gqa_ratio;
-    w.m0 = (p.num_m_blocks - 1 - t % p.num_m_blocks) * BLOCK_M;
-
+    w.m0 = (m - 1 - qb) * BLOCK_M;
     w.sq = p.seqlen_q;
     w.sk = p.seqlen_k;
     w.q_off = 0;
