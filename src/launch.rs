@@ -522,7 +522,7 @@ impl LoadedKernel {
     /// Cap the blocks of this kernel's persistent launches (clamped to
     /// 1..=65536): fewer blocks than SMs walk more tiles each (tests use it
     /// to make every block walk several tiles); `u32::MAX` gives one block
-    /// per tile. 0 restores the launcher's rule: the resident blocks walk the
+    /// per tile up to 65536 tiles. 0 restores the launcher's rule: the resident blocks walk the
     /// tiles where that pays ([`crate::plan::sm90a_persistent_walk_pays`]),
     /// otherwise one block per tile. No effect on other grid rules.
     pub fn set_persistent_grid(&self, blocks: u32) {

@@ -367,9 +367,9 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
     // the bench and the tune runs were different processes, cause not
     // found). Long sequences are where the targets are, so one tile per
     // block stays the default, as measured most often; the persistent form
-    // is an option (with the launcher's walk rule). block_n
-    // 176 at d128 without a mask: +1..7% from 2k on in three runs (S 88 + P
-    // 44 + O 64 registers).
+    // is an option (with the launcher's walk rule). block_n 176 at d128
+    // without a mask: +1..7% from 2k on in three runs (S 88 + P 44 + O 64
+    // registers).
     let (block_n, stages, consumers) = if dmax <= 64 && spec.softcap {
         (192, 3, SM90A_CONSUMERS)
     } else if dmax <= 64 {

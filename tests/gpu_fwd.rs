@@ -439,8 +439,8 @@ fn main() {
 /// H200 run checks both templates on every case. A persistent kernel also
 /// runs on 3 blocks, so that every block walks several work tiles (the
 /// suite's problems have fewer tiles than the device has SMs) and the ring
-/// and Q barriers carry across tiles; where the planner's kernel is
-/// persistent (dense), the one-tile form runs too.
+/// and Q barriers carry across tiles; were the planner's kernel persistent,
+/// its one-tile form would run too.
 fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel, Option<u32>)> {
     use attnforge::plan::{
         default_fwd_tiles, default_sm90a_tiles, plan_fwd_sm80_with, plan_fwd_sm90a_with, GridRule, Sm90aFwdTiles,
@@ -450,7 +450,7 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
     let mut v = vec![(planned.plan.template.file(), (*planned).clone(), None)];
     if planned.plan.template == Template::FwdSm90a {
         // The persistent form of the wgmma kernel (the planner's, or its twin),
-        // and the one-tile form where the planner's is persistent (dense).
+        // and the one-tile form where the planner's is persistent.
         let base = default_sm90a_tiles(spec);
         let twin = attnforge::jit::build_plan(plan_fwd_sm90a_with(
             spec,
