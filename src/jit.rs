@@ -340,12 +340,20 @@ pub fn compile_plan(plan: &KernelPlan, rendered: &Rendered, nvrtc: &Nvrtc) -> Re
         emit: Emit::Cubin,
     })?;
     let compile_ms = started.elapsed().as_secs_f64() * 1e3;
-    let res = out
+    // Registers of the plan's entry; spills and stack over every entry of
+    // the module (the sm90a forward's walk, the backward's helpers), so
+    // that "no spills" covers all code the launcher may run.
+    let mut res = out
         .resources
         .iter()
         .find(|r| r.entry == plan.entry)
         .cloned()
         .unwrap_or_default();
+    for r in out.resources.iter().filter(|r| r.entry != plan.entry) {
+        res.spill_stores += r.spill_stores;
+        res.spill_loads += r.spill_loads;
+        res.stack_frame = res.stack_frame.max(r.stack_frame);
+    }
     let meta = KernelMeta {
         spec: plan.spec.to_string(),
         entry: plan.entry.clone(),

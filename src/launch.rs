@@ -194,6 +194,8 @@ const LOG2_E: f32 = std::f32::consts::LOG2_E;
 pub const MAX_PERSISTENT_TILES: u64 = i32::MAX as u64 - 65536;
 /// Most blocks of a persistent launch.
 pub const MAX_PERSISTENT_GRID: u32 = 65536;
+/// [`LoadedKernel::set_persistent_grid`]'s value for "always the one-tile entry".
+pub const ONE_TILE: u32 = u32::MAX;
 
 /// Validate a forward call against its plan and build the parameter block.
 /// Returns `Ok(None)` when there is nothing to compute (an empty problem).
@@ -250,6 +252,9 @@ pub fn check_fwd(plan: &KernelPlan, a: &FwdArgs) -> Result<Option<(FwdParams, La
         ));
     }
     let grid = match plan.grid {
+        // The walk entry takes any number of query blocks: the launcher
+        // walks with it where grid.y would not hold them.
+        GridRule::TilesOrWalk => (bh as u32, num_m_blocks, 1),
         GridRule::BatchHeadsByQueryTiles => {
             if num_m_blocks > 65535 {
                 return Err(invalid(
@@ -266,8 +271,6 @@ pub fn check_fwd(plan: &KernelPlan, a: &FwdArgs) -> Result<Option<(FwdParams, La
             }
             (bh as u32, num_m_blocks, 1)
         }
-        // Only the sm90a forward plans persistent grids (bounded above).
-        GridRule::PersistentTiles => (tiles as u32, 1, 1),
     };
     let (softcap_pre, softcap_post) = if spec.softcap {
         (scale / p.softcap, p.softcap * LOG2_E)
@@ -498,38 +501,61 @@ pub struct LoadedKernel {
     /// encode (a pure function of them), so that repeated calls on the same
     /// buffers skip the driver's encoding.
     last_maps: Mutex<Option<([TmaView; 3], [sys::CUtensorMap; 3])>>,
-    /// Persistent kernels ([`GridRule::PersistentTiles`]): the blocks the
-    /// device holds at once (SMs × resident blocks per SM, from the driver at load).
+    /// The persistent walk entry of a [`GridRule::TilesOrWalk`] kernel.
+    walk: Option<sys::CUfunction>,
+    /// The walk entry's blocks that the device holds at once (SMs × resident
+    /// blocks per SM, from the driver at load).
     resident: u32,
-    /// An explicit block cap for persistent launches; 0 = the launcher's rule
-    /// ([`crate::plan::sm90a_persistent_walk_pays`]).
+    /// An explicit block cap that makes every launch walk; 0 = the
+    /// launcher's rule ([`crate::plan::sm90a_walk_pays`]).
     persistent_grid: AtomicU32,
 }
 
 impl LoadedKernel {
-    /// The explicit block cap of persistent launches, 0 when the launcher's
+    /// The explicit block cap of walking launches, 0 when the launcher's
     /// rule decides (see [`Self::set_persistent_grid`]).
     pub fn persistent_grid(&self) -> u32 {
         self.persistent_grid.load(Ordering::Relaxed)
     }
 
-    /// The blocks the device holds at once for this kernel (persistent
-    /// kernels; [`MAX_PERSISTENT_GRID`] for others).
+    /// The blocks of the walk entry that the device holds at once
+    /// ([`MAX_PERSISTENT_GRID`] for kernels without one).
     pub fn resident_blocks(&self) -> u32 {
         self.resident
     }
 
-    /// Cap the blocks of this kernel's persistent launches (clamped to
-    /// 1..=65536): fewer blocks than SMs walk more tiles each (tests use it
-    /// to make every block walk several tiles); `u32::MAX` gives one block
-    /// per tile up to 65536 tiles. 0 restores the launcher's rule: the resident blocks walk the
-    /// tiles where that pays ([`crate::plan::sm90a_persistent_walk_pays`]),
-    /// otherwise one block per tile. No effect on other grid rules.
+    /// Whether the module has the persistent walk entry ([`GridRule::TilesOrWalk`]).
+    pub fn has_walk(&self) -> bool {
+        self.walk.is_some()
+    }
+
+    /// Whether a launch with `args` would take the walk entry (checks the
+    /// call as [`launch_fwd`] does; `false` for an empty problem).
+    pub fn walks(&self, args: &FwdArgs) -> Result<bool, LaunchError> {
+        Ok(match check_fwd(&self.plan, args)? {
+            Some((_, dims)) if self.walk.is_some() => walk_grid(
+                &self.plan,
+                &args.problem,
+                dims.grid,
+                self.persistent_grid(),
+                self.resident,
+            )
+            .is_some(),
+            _ => false,
+        })
+    }
+
+    /// Choose the entry of this kernel's launches: `blocks` in 1..=65536
+    /// (larger values clamp to 65536) makes every launch take the walk entry
+    /// on at most that many blocks (tests use few to make every block walk
+    /// several tiles); [`ONE_TILE`] makes every launch take the one-tile
+    /// entry; 0 restores the launcher's rule: the walk on the resident
+    /// blocks where it pays ([`crate::plan::sm90a_walk_pays`]), else one
+    /// block per tile. No effect on kernels without a walk entry.
     pub fn set_persistent_grid(&self, blocks: u32) {
-        let cap = if blocks == 0 {
-            0
-        } else {
-            blocks.clamp(1, MAX_PERSISTENT_GRID)
+        let cap = match blocks {
+            0 | ONE_TILE => blocks,
+            b => b.min(MAX_PERSISTENT_GRID),
         };
         self.persistent_grid.store(cap, Ordering::Relaxed);
     }
@@ -623,17 +649,18 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
             let _ = result::module::unload(module);
             return Err(driver_err("cuFuncSetAttribute")(e));
         }
-        // Persistent kernels only: the blocks the device holds at once.
-        let resident = if kernel.plan.grid == GridRule::PersistentTiles {
-            match resident_blocks(func, &kernel.plan) {
-                Ok(n) => n,
+        // Kernels with a walk entry: that function (given the same shared
+        // memory attribute) and its blocks that the device holds at once.
+        let (walk, resident) = if kernel.plan.grid == GridRule::TilesOrWalk {
+            match walk_entry(module, &kernel.plan) {
+                Ok(w) => w,
                 Err(e) => {
                     let _ = result::module::unload(module);
                     return Err(e);
                 }
             }
         } else {
-            MAX_PERSISTENT_GRID
+            (None, MAX_PERSISTENT_GRID)
         };
         LoadedKernel {
             spec: kernel.spec,
@@ -642,6 +669,7 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
             func,
             others: Mutex::new(HashMap::new()),
             last_maps: Mutex::new(None),
+            walk,
             resident: resident.clamp(1, MAX_PERSISTENT_GRID),
             persistent_grid: AtomicU32::new(0),
         }
@@ -653,16 +681,53 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
     Ok(loaded)
 }
 
-/// Blocks of `func` that the whole device holds at once: SMs × the driver's
-/// occupancy for the plan's threads and dynamic shared memory.
+/// The walk entry (`{entry}_walk`) of a loaded module, its dynamic shared
+/// memory attribute set, and its blocks that the whole device holds at once:
+/// SMs × the driver's occupancy for the plan's threads and shared memory.
 ///
 /// # Safety
-/// `func` must be a loaded function of the current context.
-unsafe fn resident_blocks(func: sys::CUfunction, plan: &KernelPlan) -> Result<u32, LaunchError> {
+/// `module` must be a loaded module of the current context.
+unsafe fn walk_entry(module: sys::CUmodule, plan: &KernelPlan) -> Result<(Option<sys::CUfunction>, u32), LaunchError> {
+    let name = CString::new(format!("{}_walk", plan.entry)).map_err(|_| invalid("entry", "contains NUL"))?;
+    let func = result::module::get_function(module, name).map_err(driver_err("cuModuleGetFunction"))?;
+    result::function::set_function_attribute(
+        func,
+        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        plan.smem_bytes as i32,
+    )
+    .map_err(driver_err("cuFuncSetAttribute"))?;
     let per_sm =
         result::occupancy::max_active_block_per_multiprocessor(func, plan.threads() as i32, plan.smem_bytes as usize)
             .map_err(driver_err("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
-    Ok(device_sm_count()?.saturating_mul(per_sm.max(1) as u32))
+    Ok((Some(func), device_sm_count()?.saturating_mul(per_sm.max(1) as u32)))
+}
+
+/// The walk entry's grid for a checked launch of a [`GridRule::TilesOrWalk`]
+/// plan whose one-tile grid is `one_tile`, or `None` for the one-tile entry.
+/// `cap` is [`LoadedKernel::set_persistent_grid`]'s (0: the launcher's rule,
+/// [`crate::plan::sm90a_walk_pays`], which also walks where grid.y cannot
+/// hold the query blocks; [`ONE_TILE`]: the one-tile entry wherever grid.y
+/// holds the query blocks), `resident` the walk entry's resident blocks.
+pub fn walk_grid(
+    plan: &KernelPlan,
+    p: &FwdProblem,
+    one_tile: (u32, u32, u32),
+    cap: u32,
+    resident: u32,
+) -> Option<(u32, u32, u32)> {
+    if plan.grid != GridRule::TilesOrWalk {
+        return None;
+    }
+    let d = plan.head_dim_qk_padded.max(plan.head_dim_v_padded);
+    let cap = match cap {
+        _ if one_tile.1 > 65535 => resident,
+        0 if crate::plan::sm90a_walk_pays(p.seqlen_k, d) => resident,
+        0 | ONE_TILE => return None,
+        c => c,
+    };
+    // check_fwd kept the tiles below MAX_PERSISTENT_TILES.
+    let tiles = one_tile.0 as u64 * one_tile.1 as u64;
+    Some((tiles.min(cap.clamp(1, MAX_PERSISTENT_GRID) as u64) as u32, 1, 1))
 }
 
 /// Check the arguments and launch the forward kernel on `stream`.
@@ -675,13 +740,11 @@ pub unsafe fn launch_fwd(k: &LoadedKernel, args: &FwdArgs, stream: sys::CUstream
     let Some((mut params, mut dims)) = check_fwd(&k.plan, args)? else {
         return Ok(());
     };
-    if k.plan.grid == GridRule::PersistentTiles {
-        let cap = match k.persistent_grid() {
-            0 if crate::plan::sm90a_persistent_walk_pays(args.problem.seqlen_k) => k.resident,
-            0 => u32::MAX,
-            c => c,
-        };
-        dims.grid.0 = dims.grid.0.min(cap);
+    let mut func = k.func;
+    if let Some(walk) = k.walk {
+        if let Some(grid) = walk_grid(&k.plan, &args.problem, dims.grid, k.persistent_grid(), k.resident) {
+            (func, dims.grid) = (walk, grid);
+        }
     }
     // The sm90a forward takes its Q/K/V tensor maps after the parameter block.
     let (mut maps, n) = if k.plan.template == Template::FwdSm90a {
@@ -696,7 +759,7 @@ pub unsafe fn launch_fwd(k: &LoadedKernel, args: &FwdArgs, stream: sys::CUstream
         tk as *mut sys::CUtensorMap as *mut c_void,
         tv as *mut sys::CUtensorMap as *mut c_void,
     ];
-    result::launch_kernel(k.func, dims.grid, dims.block, dims.smem, stream, &mut kp[..n])
+    result::launch_kernel(func, dims.grid, dims.block, dims.smem, stream, &mut kp[..n])
         .map_err(driver_err("cuLaunchKernel"))
 }
 
@@ -938,20 +1001,49 @@ mod tests {
             check_fwd(&one, &many),
             Err(LaunchError::InvalidArgument { arg: "batch", .. })
         ));
+        // The planner's kernel has the walk entry too: one-tile grid from
+        // check_fwd, the walk's from walk_grid where it pays.
+        assert_eq!(one.grid, GridRule::TilesOrWalk);
+        let short = dense_args(4, 8, 2, 1000, 700, 128);
+        let (_, dims) = check_fwd(&one, &short).unwrap().unwrap();
+        let tiles = 4 * 8 * 1000u32.div_ceil(one.block_m);
+        assert_eq!(walk_grid(&one, &short.problem, dims.grid, 0, 132), Some((132, 1, 1)));
+        assert_eq!(
+            walk_grid(&one, &short.problem, dims.grid, 0, 100_000),
+            Some((tiles, 1, 1))
+        );
+        assert_eq!(walk_grid(&one, &short.problem, dims.grid, 3, 132), Some((3, 1, 1)));
+        assert_eq!(walk_grid(&one, &short.problem, dims.grid, ONE_TILE, 132), None);
+        assert_eq!(
+            walk_grid(&one, &short.problem, dims.grid, 1 << 20, 100_000),
+            Some((tiles, 1, 1))
+        );
+        // Long keys take the one-tile entry unless a cap forces the walk.
+        let long_keys = dense_args(1, 8, 2, 1000, 4096, 128);
+        let (_, dims) = check_fwd(&one, &long_keys).unwrap().unwrap();
+        assert_eq!(walk_grid(&one, &long_keys.problem, dims.grid, 0, 132), None);
+        assert_eq!(walk_grid(&one, &long_keys.problem, dims.grid, 7, 132), Some((7, 1, 1)));
+        // More query blocks than grid.y holds: the walk, whatever the keys.
+        let long_q = dense_args(1, 1, 1, 65536 * one.block_m, 8192, 128);
+        let (_, dims) = check_fwd(&one, &long_q).unwrap().unwrap();
+        assert_eq!(walk_grid(&one, &long_q.problem, dims.grid, 0, 132), Some((132, 1, 1)));
+        assert_eq!(
+            walk_grid(&one, &long_q.problem, dims.grid, ONE_TILE, 132),
+            Some((132, 1, 1))
+        );
+        // Without the walk entry, one tile per block (and grid.y's limit).
         let tiles = Sm90aFwdTiles {
-            persistent: true,
+            persistent: false,
             ..default_sm90a_tiles(&spec)
         };
         let pl = plan_fwd_sm90a_with(&spec, tiles);
-        assert_eq!(pl.grid, GridRule::PersistentTiles);
-        // 2 x 8 (batch x heads) x ceil(1000 / 128) query blocks, in x alone;
-        // the launcher caps x at the resident blocks.
-        let (_, dims) = check_fwd(&pl, &dense_args(2, 8, 2, 1000, 700, 128)).unwrap().unwrap();
-        assert_eq!(dims.grid, (2 * 8 * 1000u32.div_ceil(pl.block_m), 1, 1));
-        // More query blocks than grid.y allows are fine here ...
-        let long = dense_args(1, 1, 1, 65536 * pl.block_m, 64, 128);
-        assert!(check_fwd(&pl, &long).unwrap().is_some());
-        // ... but the tile index must stay within int with a grid step to spare.
+        assert_eq!(pl.grid, GridRule::BatchHeadsByQueryTiles);
+        let (_, dims) = check_fwd(&pl, &short).unwrap().unwrap();
+        assert_eq!(walk_grid(&pl, &short.problem, dims.grid, 0, 132), None);
+        assert!(matches!(
+            check_fwd(&pl, &long_q),
+            Err(LaunchError::InvalidArgument { arg: "seqlen_q", .. })
+        ));
         assert!(matches!(
             check_fwd(&pl, &many),
             Err(LaunchError::InvalidArgument { arg: "batch", .. })

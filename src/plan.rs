@@ -56,12 +56,15 @@ pub enum GridRule {
     /// the longest query tiles start first (the sm90a forward maps the
     /// linear block index to a work tile, in that order or head-major).
     BatchHeadsByQueryTiles,
-    /// Persistent: the work tiles are `batch * heads_q * ceil(max_seqlen_q /
-    /// block_m)` (kept below 2^31 - 65536), and the launcher gives
-    /// `grid.x = min(tiles, resident blocks)`; each block walks tiles
-    /// `blockIdx.x, + gridDim.x, ...`, the last query block of every
-    /// (batch, head) first.
-    PersistentTiles,
+    /// The sm90a forward's two entries: one tile per block as in
+    /// [`Self::BatchHeadsByQueryTiles`] (the plan's `entry`), or the
+    /// persistent walk (`{entry}_walk`), which the launcher takes where it
+    /// pays ([`sm90a_walk_pays`]): the work tiles are `batch * heads_q *
+    /// ceil(max_seqlen_q / block_m)` (kept below 2^31 - 65536), `grid.x =
+    /// min(tiles, resident blocks)`, and each block walks tiles in a snake
+    /// over rounds of the grid, the last query block of every (batch, head)
+    /// first.
+    TilesOrWalk,
 }
 
 /// Everything the template and the launcher need, besides the spec.
@@ -306,21 +309,24 @@ fn fwd_sm90a_smem(block_m: u32, block_n: u32, stages: u32, qk_chunks: u32, v_chu
     tiles + 1024 + 8 * (2 + 4 * stages)
 }
 
-/// Longest keys (dense `seqlen_k`, ragged maximum) for which a persistent
-/// sm90a forward walks its tiles with the resident blocks; past it the
-/// launcher gives it one block per tile. H200, 2026-12-04 (`gpu_bench
-/// --tune90`, three runs, docs/benchmarks/2026-12-04-s9-tune90.md): the walk
-/// overlaps a tile's epilogue with the next one's Q load and wins where tiles
-/// are short (seqlen 512: +5..13%; 2k: +0..6%), while at 8k and 16k one block
-/// per tile was 3..10% faster (under a causal mask, whose tile lengths a
-/// static walk cannot balance as the hardware's block dispatch does).
-pub const SM90A_PERSISTENT_MAX_KEYS: u32 = 2048;
-
-/// Whether a persistent sm90a forward should walk its tiles with the resident
-/// blocks for keys this long (see [`SM90A_PERSISTENT_MAX_KEYS`]).
-pub fn sm90a_persistent_walk_pays(seqlen_k: u32) -> bool {
-    seqlen_k <= SM90A_PERSISTENT_MAX_KEYS
+/// Whether the sm90a forward should take its persistent walk entry
+/// ([`GridRule::TilesOrWalk`]) for keys this long (dense `seqlen_k`, ragged
+/// maximum) at head dim `d` (the larger of d_qk and d_v). H200, 2026-12-04
+/// (`gpu_bench --tune90`, four runs, docs/benchmarks/2026-12-04-s9-tune90.md
+/// and -s10-*): the walk overlaps a tile's epilogue with the next one's Q
+/// load and wins where tiles are short (seqlen 512: +5..13% at every head
+/// dim; 2k: d64 +1..6%, d128 causal -7%, d256 +1%), while at 8k and 16k one
+/// block per tile is 3..20% faster (a static walk cannot balance causal
+/// tile lengths as the hardware's block dispatch does), and the walk's
+/// cubin given one block per tile ran 10..15% under the one-tile form
+/// (d128 8k: 613 vs 718 TFLOP/s in one process).
+pub fn sm90a_walk_pays(seqlen_k: u32, d: u32) -> bool {
+    seqlen_k <= SM90A_WALK_MAX_KEYS || (d <= 64 && seqlen_k <= 2 * SM90A_WALK_MAX_KEYS)
 }
+
+/// Longest keys for which the sm90a forward walks its tiles at any head dim
+/// (twice as long at d <= 64); see [`sm90a_walk_pays`].
+pub const SM90A_WALK_MAX_KEYS: u32 = 1024;
 
 /// The free choices of the Hopper forward: keys per step, K/V ring depth,
 /// and the consumers' schedule (see [`KernelPlan::consumer_pipelined`] and
@@ -331,8 +337,8 @@ pub struct Sm90aFwdTiles {
     pub stages: u32,
     pub pipelined: bool,
     pub pingpong: bool,
-    /// One block per SM walking the work tiles ([`GridRule::PersistentTiles`])
-    /// instead of one block per tile.
+    /// Also compile the persistent walk entry ([`GridRule::TilesOrWalk`]),
+    /// which the launcher takes for short keys; else one tile per block only.
     pub persistent: bool,
     /// Consumer warpgroups (2 or 3), 64 query rows each: block_m = 64 x
     /// consumers. Three take turns round-robin and get 160 registers each.
@@ -362,19 +368,18 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
     // index is warp-uniform (no R2UR in the main loop in either form), the
     // persistent walk wins where tiles are short (seqlen 512: +5..13%) but
     // loses 3..10% at 8k/16k, and the persistent cubin given one block per
-    // tile for long keys measured 4..14% under this one-tile cubin at d128
-    // without a mask (8k: 615 vs 701..712 TFLOP/s; 16k: 626 vs 652..704;
-    // the bench and the tune runs were different processes, cause not
-    // found). Long sequences are where the targets are, so one tile per
-    // block stays the default, as measured most often; the persistent form
-    // is an option (with the launcher's walk rule). block_n 176 at d128
-    // without a mask: +1..7% from 2k on in three runs (S 88 + P 44 + O 64
-    // registers).
+    // tile measured 10..15% under the one-tile cubin (d128 8k without a
+    // mask: 613 vs 718 TFLOP/s, the same process, session 10). So every
+    // kernel has both entries (one cubin, two functions from one body) and
+    // the launcher picks per call ([`sm90a_walk_pays`]). block_n 176 at
+    // d128 without a mask: +1..7% from 2k on in three runs (S 88 + P 44 +
+    // O 64 registers); not with softcap, whose walk entry spilled there
+    // (ragged d128: 4/20 B).
     let (block_n, stages, consumers) = if dmax <= 64 && spec.softcap {
         (192, 3, SM90A_CONSUMERS)
     } else if dmax <= 64 {
         (128, 3, 3)
-    } else if dmax <= 128 && spec.mask == Mask::None {
+    } else if dmax <= 128 && spec.mask == Mask::None && !spec.softcap {
         (176, 2, SM90A_CONSUMERS)
     } else if dmax <= 128 {
         (128, 2, SM90A_CONSUMERS)
@@ -388,7 +393,7 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
         stages,
         pipelined: true,
         pingpong: true,
-        persistent: false,
+        persistent: true,
         consumers,
         head_major: true,
     }
@@ -459,9 +464,10 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
     });
     reasons.push(if persistent {
         format!(
-            "persistent: up to {SM90A_PERSISTENT_MAX_KEYS} keys the resident blocks walk the tiles, one per round \
-             of the grid (a snake: forward in even rounds, backward in odd ones), loading the next tile's Q under \
-             this tile's last P V and epilogue; longer keys get one block per tile"
+            "two entries: one block per work tile, and a persistent walk that the launcher takes for keys up to \
+             {SM90A_WALK_MAX_KEYS} ({} at d <= 64): the resident blocks walk the tiles in a snake over rounds of \
+             the grid, loading the next tile's Q under this tile's last P V and epilogue",
+            2 * SM90A_WALK_MAX_KEYS
         )
     } else {
         "one block per work tile".into()
@@ -491,7 +497,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         min_blocks_per_sm: 1,
         compile_options: Vec::new(),
         grid: if persistent {
-            GridRule::PersistentTiles
+            GridRule::TilesOrWalk
         } else {
             GridRule::BatchHeadsByQueryTiles
         },
@@ -649,29 +655,37 @@ mod tests {
     }
 
     #[test]
-    fn sm90a_forward_is_one_tile_per_block_and_persistent_walks_short_keys_only() {
+    fn sm90a_forward_has_both_entries_and_walks_short_keys_only() {
         for d in [64u16, 128, 256] {
             for mask in [Mask::None, Mask::CausalTopLeft] {
                 for layout in [Layout::Dense, Layout::Thd] {
                     let spec = AttnSpec::fwd(DType::Bf16, d, mask, layout, Arch::Sm90a);
-                    assert_eq!(plan(&spec).unwrap().grid, GridRule::BatchHeadsByQueryTiles, "{spec}");
+                    assert_eq!(plan(&spec).unwrap().grid, GridRule::TilesOrWalk, "{spec}");
                     let tiles = Sm90aFwdTiles {
-                        persistent: true,
+                        persistent: false,
                         ..default_sm90a_tiles(&spec)
                     };
                     assert_eq!(
                         plan_fwd_sm90a_with(&spec, tiles).grid,
-                        GridRule::PersistentTiles,
+                        GridRule::BatchHeadsByQueryTiles,
                         "{spec}"
                     );
                 }
             }
         }
-        assert!(sm90a_persistent_walk_pays(512) && sm90a_persistent_walk_pays(SM90A_PERSISTENT_MAX_KEYS));
-        assert!(!sm90a_persistent_walk_pays(SM90A_PERSISTENT_MAX_KEYS + 1));
+        for d in [64, 128, 256] {
+            assert!(sm90a_walk_pays(512, d) && sm90a_walk_pays(SM90A_WALK_MAX_KEYS, d));
+            assert!(!sm90a_walk_pays(4096, d));
+        }
+        assert!(sm90a_walk_pays(2048, 64) && !sm90a_walk_pays(2048, 128) && !sm90a_walk_pays(2048, 256));
         // block_n 176 at d128 only without a mask.
         let bn = |mask| default_sm90a_tiles(&AttnSpec::fwd(DType::Bf16, 128, mask, Layout::Dense, Arch::Sm90a)).block_n;
         assert_eq!((bn(Mask::None), bn(Mask::CausalTopLeft)), (176, 128));
+        let softcap = AttnSpec {
+            softcap: true,
+            ..AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Thd, Arch::Sm90a)
+        };
+        assert_eq!(default_sm90a_tiles(&softcap).block_n, 128);
     }
 
     #[test]

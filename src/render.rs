@@ -311,7 +311,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
             consumer_regs: crate::plan::sm90a_consumer_regs(plan.block_m / 64),
             pipelined: plan.consumer_pipelined,
             pingpong: plan.pingpong,
-            persistent: plan.grid == crate::plan::GridRule::PersistentTiles,
+            persistent: plan.grid == crate::plan::GridRule::TilesOrWalk,
             head_major: plan.head_major,
         })
         .map_err(ctx_err)?,
@@ -408,22 +408,26 @@ mod tests {
         let spec = AttnSpec::fwd(DType::Bf16, 128, Mask::CausalTopLeft, Layout::Dense, Arch::Sm90a);
         let base = default_sm90a_tiles(&spec);
         let src = |t: Sm90aFwdTiles| render(&plan_fwd_sm90a_with(&spec, t)).unwrap().source;
-        // One tile per block, head-major.
-        assert!(!base.persistent && base.head_major);
+        // Both entries (one body), head-major: the walk's sections and snake
+        // are compiled in under WALK.
+        assert!(base.persistent && base.head_major);
         let default = src(base);
-        assert!(default.contains("} while (false)") && default.contains("bh = t / m;") && !default.contains("odd ?"));
+        let entry = crate::plan::plan_fwd_sm90a_with(&spec, base).entry;
+        assert!(default.contains(&format!("{entry}(")) && default.contains(&format!("{entry}_walk(")));
+        assert!(default.contains("fwd_tiles<false>") && default.contains("fwd_tiles<true>"));
+        assert!(default.contains("Head-major in sections") && default.contains("odd ? (int)gridDim.x - 1"));
+        assert!(default.contains("bh = t / m;"));
         let qbm = src(Sm90aFwdTiles {
             head_major: false,
             ..base
         });
         assert!(!qbm.contains("Head-major") && qbm.contains("t / bh_count"));
-        // Persistent: head-major in sections, the snake walk.
-        let pers = src(Sm90aFwdTiles {
-            persistent: true,
+        // One tile per block only: no walk entry.
+        let one = src(Sm90aFwdTiles {
+            persistent: false,
             ..base
         });
-        assert!(pers.contains("Head-major in sections") && pers.contains("odd ? (int)gridDim.x - 1"));
-        assert!(!pers.contains("while (false)"));
+        assert!(!one.contains("_walk(") && one.contains("fwd_tiles<false>") && !one.contains("fwd_tiles<true>"));
         let three = src(Sm90aFwdTiles {
             consumers: 3,
             block_n: 80,

@@ -4,11 +4,12 @@
 // completion on mbarriers); {{ consumers }} consumer warpgroups own 64 query rows each and
 // run S = QK^T (wgmma, both operands in shared memory), the online softmax in
 // registers, and O += PV (wgmma, P from registers, V read transposed).
-// Work tiles in the order of tile_at ({% if head_major %}head-major{% else %}longest causal tiles first{% endif %}): {% if persistent %}persistent,
-// for short keys (plan::SM90A_PERSISTENT_MAX_KEYS) the launcher sizes the
-// grid to the resident blocks (past them, one block per tile) and each block walks
-// its tiles in a snake over rounds of gridDim.x tiles, the next tile's Q
-// loading while this tile's last P V and epilogue run{% else %}one tile per block{% endif %}.
+// Work tiles in the order of tile_at ({% if head_major %}head-major{% else %}longest causal tiles first{% endif %}). Entries:
+//   {{ entry }}: one tile per block.{% if persistent %}
+//   {{ entry }}_walk: the resident blocks walk the tiles in a snake over
+//   rounds of gridDim.x tiles, the next tile's Q loading while this tile's
+//   last P V and epilogue run; the launcher takes it for short keys
+//   (plan::sm90a_walk_pays).{% endif %}
 // Plan: block_m={{ block_m }} block_n={{ block_n }} stages={{ stages }} registers {{ producer_regs }}/{{ consumer_regs }}
 // consumer loop: {% if pipelined %}pipelined by one tile (S of the next tile issued before P V of this one){% if pingpong %}, the consumer warpgroups taking turns at the tensor cores (ping-pong){% endif %}{% else %}one tile at a time (the consumer warpgroups overlap each other){% endif %}.
 // Do not edit: rendered by attnforge from templates/fwd_sm90a.cu.
@@ -29,21 +30,19 @@ constexpr int MASK_KIND = {{ mask_kind }};
 constexpr bool IS_THD = {{ is_thd }};
 constexpr bool SOFTCAP = {{ softcap }};
 
-// The work-tile walk: persistent (rounds of gridDim.x tiles; in round r
-// block i takes tile r * gridDim.x + i, or + gridDim.x - 1 - i in odd rounds,
-// a snake that evens out the work of blocks over a list of tiles whose
-// lengths fall along each round, as causal tiles do longest first) or one
-// tile per block (grid (batch x heads, query blocks)). The one-tile form is a
-// do/while(false) so that `continue` skips a tile in both.
-{% if persistent %}
-#define TILE_LOOP_BEGIN for (int round_base = 0, odd = 0; round_base < total_tiles; round_base += gridDim.x, odd ^= 1) { \
-    const int tile = round_base + (odd ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x); \
-    if (tile >= total_tiles) continue;
+// The work-tile loop of both entries (WALK, a template parameter of the
+// kernel body): the walk takes rounds of gridDim.x tiles (in round r block i
+// takes tile r * gridDim.x + i, or + gridDim.x - 1 - i in odd rounds, a snake
+// that evens out the work of blocks over a list of tiles whose lengths fall
+// along each round, as causal tiles do longest first); one tile per block
+// (grid (batch x heads, query blocks)) runs it once, a condition that folds
+// to no loop at all. `continue` skips a tile in both.
+#define TILE_LOOP_BEGIN for (int round_base = 0, odd = 0; WALK ? round_base < total_tiles : round_base == 0; \
+                             round_base += WALK ? (int)gridDim.x : 1, odd ^= 1) { \
+    const int tile = WALK ? round_base + (odd ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x) \
+                          : (int)(blockIdx.x + blockIdx.y * gridDim.x); \
+    if (WALK && tile >= total_tiles) continue;
 #define TILE_LOOP_END }
-{% else %}
-#define TILE_LOOP_BEGIN { const int tile = blockIdx.x + blockIdx.y * gridDim.x; do {
-#define TILE_LOOP_END } while (false); }
-{% endif %}
 
 {% include "common/ptx.cuh" %}
 {% include "common/hopper.cuh" %}
@@ -85,33 +84,35 @@ __device__ __forceinline__ unsigned ring_touched(int n) {
 
 // Tile t of the walk: by default all (batch, head) pairs of the last query
 // block first, so that under a causal mask the longest tiles start first.
+template <bool WALK>
 __device__ __forceinline__ Tile tile_at(const FwdParams& p, int t) {
     Tile w;
     const int bh_count = p.batch * p.heads_q;
     const int m = p.num_m_blocks;
     int bh, qb;                                          // (batch, head) pair; query block counted from the last
-{% if head_major and persistent %}
-    // Head-major in sections: the tiles of `hps` consecutive (batch, head)
-    // pairs, the last query block of each first, so that the blocks in flight
-    // share a few heads' K and V in L2. Without a mask every tile is as long
-    // as the next and a section is one head. With one, tile lengths fall with
-    // the query block, and a static walk over one head at a time would give
-    // some blocks the long end of every head (at 16k and d128 one head's 128
-    // query blocks are about one round of the grid): a section then spans at
-    // least two rounds, so that the snake pairs long tiles with short ones.
-    // When the grid covers every tile (the launcher's choice for long keys),
-    // the hardware hands out the tiles as blocks retire: one head a section.
-    const bool walk = (int)gridDim.x < bh_count * m;
-    const int hps = MASK_KIND == 0 || !walk ? 1 : min(bh_count, max(1, (2 * (int)gridDim.x + m - 1) / m));
-    const int sec = t / (hps * m), j = t % (hps * m);
-    const int bh0 = sec * hps, n = min(hps, bh_count - bh0);
-    bh = bh0 + j % n;
-    qb = j / n;
-{% elif head_major %}
-    // Head-major: the query blocks of one (batch, head) are consecutive (the
-    // last first), so the blocks in flight share that head's K and V in L2.
-    bh = t / m;
-    qb = t % m;
+{% if head_major %}
+    if constexpr (WALK) {
+        // Head-major in sections: the tiles of `hps` consecutive (batch, head)
+        // pairs, the last query block of each first, so that the blocks in flight
+        // share a few heads' K and V in L2. Without a mask every tile is as long
+        // as the next and a section is one head. With one, tile lengths fall with
+        // the query block, and a static walk over one head at a time would give
+        // some blocks the long end of every head (at 16k and d128 one head's 128
+        // query blocks are about one round of the grid): a section then spans at
+        // least two rounds, so that the snake pairs long tiles with short ones.
+        // A grid that covers every tile takes one head a section.
+        const bool walk = (int)gridDim.x < bh_count * m;
+        const int hps = MASK_KIND == 0 || !walk ? 1 : min(bh_count, max(1, (2 * (int)gridDim.x + m - 1) / m));
+        const int sec = t / (hps * m), j = t % (hps * m);
+        const int bh0 = sec * hps, n = min(hps, bh_count - bh0);
+        bh = bh0 + j % n;
+        qb = j / n;
+    } else {
+        // Head-major: the query blocks of one (batch, head) are consecutive (the
+        // last first), so the blocks in flight share that head's K and V in L2.
+        bh = t / m;
+        qb = t % m;
+    }
 {% else %}
     bh = t % bh_count;
     qb = t / bh_count;
@@ -167,9 +168,10 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[DV / 8][4], const unsigned (
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(vd), "r"(1));
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
-{{ entry }}(const __grid_constant__ FwdParams p, const __grid_constant__ TmaMap tq,
-            const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv) {
+// The kernel body of both entries; the tensor maps stay the entry's
+// __grid_constant__ parameters (TMA takes their parameter-space address).
+template <bool WALK>
+__device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, const TmaMap& tk, const TmaMap& tv) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
     const unsigned sQ = base, sK = base + OFF_K, sV = base + OFF_V;
@@ -214,7 +216,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             unsigned ring_par = 0, ring_used = 0;        // per slot: fill parity; filled before
             int q_loads = 0;
             TILE_LOOP_BEGIN
-                const Tile w = tile_at(p, tile);
+                const Tile w = tile_at<WALK>(p, tile);
                 if (w.n_tiles <= 0) continue;
                 // Coordinates (column, row, head, batch); THD rows are token indices.
                 const int bq = IS_THD ? 0 : w.b;
@@ -295,7 +297,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     unsigned ring_par = 0;
     int q_loads = 0;
     TILE_LOOP_BEGIN
-        const Tile w = tile_at(p, tile);
+        const Tile w = tile_at<WALK>(p, tile);
         if (w.n_tiles < 0) continue;
         const int n_tiles = w.n_tiles;
         const RowWindow win(w.sq, w.sk, p.window_left, p.window_right);
@@ -314,14 +316,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // S = Q K(stage s)^T, committed as one wgmma group.
         auto issue_qk = [&](int s) {
             unsigned q_base = q_rows;
-{% if persistent and qk_ksteps > 8 %}
-            // Q's descriptors are the same every step: in the persistent tile
+            // Q's descriptors are the same every step: in the walk's tile
             // loop the compiler hoists all of them out of both loops into
             // 64-bit register pairs (2 x QK_KSTEPS registers, which made
             // d > 128 spill); this opaque copy of their base makes it build
             // them per step instead.
-            asm volatile("" : "+r"(q_base));
-{% endif %}
+            if constexpr (WALK && QK_KSTEPS > 8) asm volatile("" : "+r"(q_base));
 #pragma unroll
             for (int ks = 0; ks < QK_KSTEPS; ++ks) {
                 const unsigned in_chunk = (ks % 4) * 32;
@@ -483,3 +483,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         }
     TILE_LOOP_END
 }
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+{{ entry }}(const __grid_constant__ FwdParams p, const __grid_constant__ TmaMap tq,
+            const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv) {
+    fwd_tiles<false>(p, tq, tk, tv);
+}
+{% if persistent %}
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+{{ entry }}_walk(const __grid_constant__ FwdParams p, const __grid_constant__ TmaMap tq,
+                 const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv) {
+    fwd_tiles<true>(p, tq, tk, tv);
+}
+{% endif %}

@@ -20,7 +20,7 @@ use attnforge::reference::{attention_fwd, RefProblem};
 use attnforge::{AttnSpec, DType, Layout};
 use common::{dense, from_bits, normal, off, thd, to_bits, Buf, Case, Mem};
 use cudarc::driver::sys;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 
 /// The table. Odd sizes on purpose: 1, 17, 127, 1000, 4097; sq != sk both ways;
 /// GQA 1/4/8; ragged batches with empty and one-token sequences.
@@ -100,14 +100,21 @@ struct Outcome {
     problems: Vec<String>,
 }
 
-/// Run one case on `kernel`; a persistent kernel gets at most `grid_cap`
-/// blocks when given (the cap is restored after the launch).
+/// The f64 reference of one case, per sequence: (O, LSE).
+type Refs = Vec<(Vec<f64>, Vec<f64>)>;
+
+/// Run one case on `kernel`; `grid_cap` chooses the entry of a kernel with a
+/// walk entry (`LoadedKernel::set_persistent_grid`, restored after the launch).
+/// The inputs come from `case_seed`, so every kernel of a case sees the same
+/// data and the f64 reference is computed once per case (`refs`).
 fn run_case(
     c: &Case,
     kernel: &attnforge::CompiledKernel,
     grid_cap: Option<u32>,
-    rng: &mut rand::rngs::StdRng,
+    case_seed: u64,
+    refs: &mut Option<Refs>,
 ) -> Outcome {
+    let rng = &mut rand::rngs::StdRng::seed_from_u64(case_seed);
     let spec = kernel.spec;
     let dt = spec.dtype;
     let (dq, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
@@ -316,51 +323,53 @@ fn run_case(
         ptr: if packed { (2 * hq * dq) as u64 } else { 0 },
         ..tv
     };
-    // The reference, per sequence, in parallel over the sequences.
-    let refs: Vec<(Vec<f64>, Vec<f64>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..c.batch)
-            .map(|bi| {
-                let (lq, lk) = lens[bi];
-                let (tq0, tk0, tv0) = (tq0, tk0, tv0);
-                let hbuf_q = &hbuf_q;
-                s.spawn(move || {
-                    let gather = |host: &[u16], t: &TensorArg, which: usize, len: usize, h: usize, d: usize| {
-                        let mut out = Vec::with_capacity(len * h * d);
-                        for si in 0..len {
-                            for hh in 0..h {
-                                for cc in 0..d {
-                                    let o = t.ptr as usize + off(t, bidx(bi), tok(bi, which) + si, hh, cc);
-                                    out.push(from_bits(host[o], dt));
+    // The reference, per sequence, in parallel over the sequences (once per case).
+    let refs: &Refs = refs.get_or_insert_with(|| {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..c.batch)
+                .map(|bi| {
+                    let (lq, lk) = lens[bi];
+                    let (tq0, tk0, tv0) = (tq0, tk0, tv0);
+                    let hbuf_q = &hbuf_q;
+                    s.spawn(move || {
+                        let gather = |host: &[u16], t: &TensorArg, which: usize, len: usize, h: usize, d: usize| {
+                            let mut out = Vec::with_capacity(len * h * d);
+                            for si in 0..len {
+                                for hh in 0..h {
+                                    for cc in 0..d {
+                                        let o = t.ptr as usize + off(t, bidx(bi), tok(bi, which) + si, hh, cc);
+                                        out.push(from_bits(host[o], dt));
+                                    }
                                 }
                             }
-                        }
-                        out
-                    };
-                    let q = gather(hbuf_q, &tq0, 0, lq, hq, dq);
-                    let k = gather(host_k, &tk0, 1, lk, hkv, dq);
-                    let v = gather(host_v, &tv0, 1, lk, hkv, dv);
-                    attention_fwd(&RefProblem {
-                        q: &q,
-                        k: &k,
-                        v: &v,
-                        seqlen_q: lq,
-                        seqlen_k: lk,
-                        heads_q: hq,
-                        heads_kv: hkv,
-                        d_qk: dq,
-                        d_v: dv,
-                        scale,
-                        softcap: c.softcap as f64,
-                        mask: spec.mask,
-                        window: (c.window.0 as i64, c.window.1 as i64),
+                            out
+                        };
+                        let q = gather(hbuf_q, &tq0, 0, lq, hq, dq);
+                        let k = gather(host_k, &tk0, 1, lk, hkv, dq);
+                        let v = gather(host_v, &tv0, 1, lk, hkv, dv);
+                        attention_fwd(&RefProblem {
+                            q: &q,
+                            k: &k,
+                            v: &v,
+                            seqlen_q: lq,
+                            seqlen_k: lk,
+                            heads_q: hq,
+                            heads_kv: hkv,
+                            d_qk: dq,
+                            d_v: dv,
+                            scale,
+                            softcap: c.softcap as f64,
+                            mask: spec.mask,
+                            window: (c.window.0 as i64, c.window.1 as i64),
+                        })
                     })
                 })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("reference thread"))
-            .collect()
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("reference thread"))
+                .collect()
+        })
     });
     for bi in 0..c.batch {
         let (lq, _) = lens[bi];
@@ -436,11 +445,11 @@ fn main() {
 /// The forward kernels a spec runs as on this device: the planner's choice,
 /// and for sm90a specs also the sm80 instruction path built for sm90a (the
 /// planner routes there what the wgmma template does not take), so that one
-/// H200 run checks both templates on every case. A persistent kernel also
-/// runs on 3 blocks, so that every block walks several work tiles (the
-/// suite's problems have fewer tiles than the device has SMs) and the ring
-/// and Q barriers carry across tiles; were the planner's kernel persistent,
-/// its one-tile form would run too.
+/// H200 run checks both templates on every case. The wgmma kernel's two
+/// entries run on every case: the launcher's choice, the walk on 3 blocks
+/// (so that every block walks several work tiles, the suite's problems
+/// having fewer tiles than the device has SMs, and the ring and Q barriers
+/// carry across tiles) and the one-tile entry.
 fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel, Option<u32>)> {
     use attnforge::plan::{
         default_fwd_tiles, default_sm90a_tiles, plan_fwd_sm80_with, plan_fwd_sm90a_with, GridRule, Sm90aFwdTiles,
@@ -448,32 +457,26 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
     };
     let planned = attnforge::get_or_build(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
     let mut v = vec![(planned.plan.template.file(), (*planned).clone(), None)];
+    let mut jobs = Vec::new();
     if planned.plan.template == Template::FwdSm90a {
-        // The persistent form of the wgmma kernel (the planner's, or its twin),
-        // and the one-tile form where the planner's is persistent.
         let base = default_sm90a_tiles(spec);
-        let twin = attnforge::jit::build_plan(plan_fwd_sm90a_with(
-            spec,
-            Sm90aFwdTiles {
-                persistent: !base.persistent,
-                ..base
-            },
-        ))
-        .unwrap_or_else(|e| panic!("{spec} (other tile walk): {e}"));
-        if planned.plan.grid == GridRule::PersistentTiles {
-            v.push(("fwd_sm90a.cu persistent on 3 blocks", (*planned).clone(), Some(3)));
-            v.push(("fwd_sm90a.cu one tile per block", twin, None));
-        } else {
-            v.push(("fwd_sm90a.cu persistent on 3 blocks", twin, Some(3)));
-        }
+        assert_eq!(
+            planned.plan.grid,
+            GridRule::TilesOrWalk,
+            "{spec}: the planner's wgmma kernel has both entries"
+        );
+        v.push(("fwd_sm90a.cu walk on 3 blocks", (*planned).clone(), Some(3)));
+        v.push((
+            "fwd_sm90a.cu one tile per block",
+            (*planned).clone(),
+            Some(launch::ONE_TILE),
+        ));
         // The other tile order (query-block-major; the default is head-major).
         let tiles = Sm90aFwdTiles {
             head_major: !base.head_major,
             ..base
         };
-        let order = attnforge::jit::build_plan(plan_fwd_sm90a_with(spec, tiles))
-            .unwrap_or_else(|e| panic!("{spec} (other tile order): {e}"));
-        v.push(("fwd_sm90a.cu query-block-major order", order, None));
+        jobs.push(("fwd_sm90a.cu query-block-major order", plan_fwd_sm90a_with(spec, tiles)));
         // The other consumer count where both fit: 3 warpgroups up to d128
         // (default at d <= 64), 2 otherwise.
         let dmax = spec.head_dim_qk.max(spec.head_dim_v);
@@ -491,16 +494,30 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
                     ..base
                 }
             };
-            let other = attnforge::jit::build_plan(plan_fwd_sm90a_with(spec, tiles))
-                .unwrap_or_else(|e| panic!("{spec} (other consumer count): {e}"));
-            v.push(("fwd_sm90a.cu other consumer count", other, None));
+            jobs.push(("fwd_sm90a.cu other consumer count", plan_fwd_sm90a_with(spec, tiles)));
         }
     }
     if planned.plan.template != Template::FwdSm80 {
-        let sm80 = attnforge::jit::build_plan(plan_fwd_sm80_with(spec, default_fwd_tiles(spec)))
-            .unwrap_or_else(|e| panic!("{spec} (sm80 path): {e}"));
-        v.push((Template::FwdSm80.file(), sm80, None));
+        jobs.push((
+            Template::FwdSm80.file(),
+            plan_fwd_sm80_with(spec, default_fwd_tiles(spec)),
+        ));
     }
+    // The other kernels compile in parallel (two entries each take NVRTC
+    // about twice as long), in the order of `jobs`.
+    let built: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = jobs
+            .into_iter()
+            .map(|(name, plan)| {
+                s.spawn(move || {
+                    let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} ({name}): {e}"));
+                    (name, k, None)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("build thread")).collect()
+    });
+    v.extend(built);
     v
 }
 
@@ -531,8 +548,10 @@ fn gpu_forward_matches_f64_reference() {
         if cc.0 != 8 {
             spec = spec.with_arch(device_arch);
         }
+        let case_seed: u64 = rng.gen();
+        let mut refs = None;
         for (path, kernel, grid_cap) in kernels_for(&spec) {
-            let out = run_case(&c, &kernel, grid_cap, &mut rng);
+            let out = run_case(&c, &kernel, grid_cap, case_seed, &mut refs);
             let (ob, lb) = bounds(spec.dtype);
             let ok = out.o_rel <= ob && out.lse_max_abs <= lb && out.problems.is_empty();
             if !ok {

@@ -4,7 +4,12 @@
 // completion on mbarriers); 2 consumer warpgroups own 64 query rows each and
 // run S = QK^T (wgmma, both operands in shared memory), the online softmax in
 // registers, and O += PV (wgmma, P from registers, V read transposed).
-// Work tiles in the order of tile_at (head-major): one tile per block.
+// Work tiles in the order of tile_at (head-major). Entries:
+//   attnforge_fwd_bf16_d256_none_dense_sm90a: one tile per block.
+//   attnforge_fwd_bf16_d256_none_dense_sm90a_walk: the resident blocks walk the tiles in a snake over
+//   rounds of gridDim.x tiles, the next tile's Q loading while this tile's
+//   last P V and epilogue run; the launcher takes it for short keys
+//   (plan::sm90a_walk_pays).
 // Plan: block_m=128 block_n=80 stages=2 registers 24/240
 // consumer loop: pipelined by one tile (S of the next tile issued before P V of this one), the consumer warpgroups taking turns at the tensor cores (ping-pong).
 // Do not edit: rendered by attnforge from templates/fwd_sm90a.cu.
@@ -25,16 +30,19 @@ constexpr int MASK_KIND = 0;
 constexpr bool IS_THD = false;
 constexpr bool SOFTCAP = false;
 
-// The work-tile walk: persistent (rounds of gridDim.x tiles; in round r
-// block i takes tile r * gridDim.x + i, or + gridDim.x - 1 - i in odd rounds,
-// a snake that evens out the work of blocks over a list of tiles whose
-// lengths fall along each round, as causal tiles do longest first) or one
-// tile per block (grid (batch x heads, query blocks)). The one-tile form is a
-// do/while(false) so that `continue` skips a tile in both.
-
-#define TILE_LOOP_BEGIN { const int tile = blockIdx.x + blockIdx.y * gridDim.x; do {
-#define TILE_LOOP_END } while (false); }
-
+// The work-tile loop of both entries (WALK, a template parameter of the
+// kernel body): the walk takes rounds of gridDim.x tiles (in round r block i
+// takes tile r * gridDim.x + i, or + gridDim.x - 1 - i in odd rounds, a snake
+// that evens out the work of blocks over a list of tiles whose lengths fall
+// along each round, as causal tiles do longest first); one tile per block
+// (grid (batch x heads, query blocks)) runs it once, a condition that folds
+// to no loop at all. `continue` skips a tile in both.
+#define TILE_LOOP_BEGIN for (int round_base = 0, odd = 0; WALK ? round_base < total_tiles : round_base == 0; \
+                             round_base += WALK ? (int)gridDim.x : 1, odd ^= 1) { \
+    const int tile = WALK ? round_base + (odd ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x) \
+                          : (int)(blockIdx.x + blockIdx.y * gridDim.x); \
+    if (WALK && tile >= total_tiles) continue;
+#define TILE_LOOP_END }
 
 // ---- common/ptx.cuh: header-free device helpers (inline PTX) -----------------
 // Kernels are compiled by NVRTC with no include path: no cuda_fp16.h or
@@ -353,16 +361,35 @@ __device__ __forceinline__ unsigned ring_touched(int n) {
 
 // Tile t of the walk: by default all (batch, head) pairs of the last query
 // block first, so that under a causal mask the longest tiles start first.
+template <bool WALK>
 __device__ __forceinline__ Tile tile_at(const FwdParams& p, int t) {
     Tile w;
     const int bh_count = p.batch * p.heads_q;
     const int m = p.num_m_blocks;
     int bh, qb;                                          // (batch, head) pair; query block counted from the last
 
-    // Head-major: the query blocks of one (batch, head) are consecutive (the
-    // last first), so the blocks in flight share that head's K and V in L2.
-    bh = t / m;
-    qb = t % m;
+    if constexpr (WALK) {
+        // Head-major in sections: the tiles of `hps` consecutive (batch, head)
+        // pairs, the last query block of each first, so that the blocks in flight
+        // share a few heads' K and V in L2. Without a mask every tile is as long
+        // as the next and a section is one head. With one, tile lengths fall with
+        // the query block, and a static walk over one head at a time would give
+        // some blocks the long end of every head (at 16k and d128 one head's 128
+        // query blocks are about one round of the grid): a section then spans at
+        // least two rounds, so that the snake pairs long tiles with short ones.
+        // A grid that covers every tile takes one head a section.
+        const bool walk = (int)gridDim.x < bh_count * m;
+        const int hps = MASK_KIND == 0 || !walk ? 1 : min(bh_count, max(1, (2 * (int)gridDim.x + m - 1) / m));
+        const int sec = t / (hps * m), j = t % (hps * m);
+        const int bh0 = sec * hps, n = min(hps, bh_count - bh0);
+        bh = bh0 + j % n;
+        qb = j / n;
+    } else {
+        // Head-major: the query blocks of one (batch, head) are consecutive (the
+        // last first), so the blocks in flight share that head's K and V in L2.
+        bh = t / m;
+        qb = t % m;
+    }
 
     w.b = bh / p.heads_q;
     w.h = bh % p.heads_q;
@@ -453,9 +480,10 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[DV / 8][4], const unsigned (
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(vd), "r"(1));
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
-attnforge_fwd_bf16_d256_none_dense_sm90a(const __grid_constant__ FwdParams p, const __grid_constant__ TmaMap tq,
-            const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv) {
+// The kernel body of both entries; the tensor maps stay the entry's
+// __grid_constant__ parameters (TMA takes their parameter-space address).
+template <bool WALK>
+__device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, const TmaMap& tk, const TmaMap& tv) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
     const unsigned sQ = base, sK = base + OFF_K, sV = base + OFF_V;
@@ -500,7 +528,7 @@ attnforge_fwd_bf16_d256_none_dense_sm90a(const __grid_constant__ FwdParams p, co
             unsigned ring_par = 0, ring_used = 0;        // per slot: fill parity; filled before
             int q_loads = 0;
             TILE_LOOP_BEGIN
-                const Tile w = tile_at(p, tile);
+                const Tile w = tile_at<WALK>(p, tile);
                 if (w.n_tiles <= 0) continue;
                 // Coordinates (column, row, head, batch); THD rows are token indices.
                 const int bq = IS_THD ? 0 : w.b;
@@ -578,7 +606,7 @@ attnforge_fwd_bf16_d256_none_dense_sm90a(const __grid_constant__ FwdParams p, co
     unsigned ring_par = 0;
     int q_loads = 0;
     TILE_LOOP_BEGIN
-        const Tile w = tile_at(p, tile);
+        const Tile w = tile_at<WALK>(p, tile);
         if (w.n_tiles < 0) continue;
         const int n_tiles = w.n_tiles;
         const RowWindow win(w.sq, w.sk, p.window_left, p.window_right);
@@ -597,7 +625,12 @@ attnforge_fwd_bf16_d256_none_dense_sm90a(const __grid_constant__ FwdParams p, co
         // S = Q K(stage s)^T, committed as one wgmma group.
         auto issue_qk = [&](int s) {
             unsigned q_base = q_rows;
-
+            // Q's descriptors are the same every step: in the walk's tile
+            // loop the compiler hoists all of them out of both loops into
+            // 64-bit register pairs (2 x QK_KSTEPS registers, which made
+            // d > 128 spill); this opaque copy of their base makes it build
+            // them per step instead.
+            if constexpr (WALK && QK_KSTEPS > 8) asm volatile("" : "+r"(q_base));
 #pragma unroll
             for (int ks = 0; ks < QK_KSTEPS; ++ks) {
                 const unsigned in_chunk = (ks % 4) * 32;
@@ -739,3 +772,16 @@ attnforge_fwd_bf16_d256_none_dense_sm90a(const __grid_constant__ FwdParams p, co
         }
     TILE_LOOP_END
 }
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+attnforge_fwd_bf16_d256_none_dense_sm90a(const __grid_constant__ FwdParams p, const __grid_constant__ TmaMap tq,
+            const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv) {
+    fwd_tiles<false>(p, tq, tk, tv);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+attnforge_fwd_bf16_d256_none_dense_sm90a_walk(const __grid_constant__ FwdParams p, const __grid_constant__ TmaMap tq,
+                 const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv) {
+    fwd_tiles<true>(p, tq, tk, tv);
+}
+
