@@ -6,7 +6,7 @@
 //! d ∈ {64, 128, 256} × seqlen ∈ {512, 2k, 8k, 16k} × causal, batch·seqlen =
 //! 16k tokens, heads·d = 2048, bf16, BHSD; plus a ragged THD sweep.
 //!
-//! usage: gpu_bench [--quick] [OUT_JSON]
+//! usage: gpu_bench [--quick] [OUT_JSON] | --tune | --tune90 | --ab DIR
 
 use std::time::Instant;
 
@@ -19,9 +19,15 @@ use rand::{Rng, SeedableRng};
 struct Dev(u64);
 impl Dev {
     fn random(n: usize, rng: &mut rand::rngs::StdRng) -> Dev {
-        let host: Vec<u16> = (0..n)
-            .map(|_| half::bf16::from_f32(rng.gen_range(-1.0f32..1.0)).to_bits())
-            .collect();
+        // Standard normal (Box-Muller, two values a pair), as the peers' torch.randn inputs.
+        let mut host: Vec<u16> = Vec::with_capacity(n + 1);
+        while host.len() < n {
+            let (u, v): (f32, f32) = (rng.gen_range(f32::EPSILON..1.0), rng.gen_range(0.0..1.0));
+            let (r, (sin, cos)) = ((-2.0 * u.ln()).sqrt(), (std::f32::consts::TAU * v).sin_cos());
+            host.push(half::bf16::from_f32(r * cos).to_bits());
+            host.push(half::bf16::from_f32(r * sin).to_bits());
+        }
+        host.truncate(n);
         // SAFETY: device allocation and copy of `n` elements.
         unsafe {
             let p = result::malloc_sync(n * 2).expect("alloc");
@@ -47,8 +53,58 @@ impl Drop for Dev {
     }
 }
 
-/// Median milliseconds per launch of `f`, timed with events over `iters` launches, `reps` times.
-fn time_ms(mut f: impl FnMut(), iters: usize, reps: usize) -> f64 {
+/// Median milliseconds of one launch of `f`, timed as `triton.testing.do_bench`
+/// times the peers in scripts/gpu_bench.py: every launch after a 256 MB write
+/// that evicts L2, between its own pair of events; the launch count from a
+/// five-launch estimate, to fill about `warmup_ms` of warm-up and `rep_ms`
+/// of timed launches.
+fn time_ms(mut f: impl FnMut(), warmup_ms: f64, rep_ms: f64) -> f64 {
+    const FLUSH: usize = 256 << 20;
+    static FLUSH_BUF: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    // SAFETY: one device buffer for the life of the process; writes on the legacy default stream.
+    let flush = *FLUSH_BUF.get_or_init(|| unsafe { result::malloc_sync(FLUSH).expect("alloc") });
+    let evict = || unsafe { result::memset_d8_async(flush, 0, FLUSH, std::ptr::null_mut()).expect("memset") };
+    let event = || result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).expect("event");
+    let elapsed = |a, b| unsafe { result::event::elapsed(a, b).expect("elapsed") } as f64;
+    f();
+    let (start, stop) = (event(), event());
+    // SAFETY: events on the legacy default stream.
+    let estimate = unsafe {
+        result::event::record(start, std::ptr::null_mut()).expect("record");
+        for _ in 0..5 {
+            evict();
+            f();
+        }
+        result::event::record(stop, std::ptr::null_mut()).expect("record");
+        result::event::synchronize(stop).expect("sync");
+        elapsed(start, stop) / 5.0
+    };
+    let n_warm = ((warmup_ms / estimate) as usize).max(1);
+    let n_rep = ((rep_ms / estimate) as usize).clamp(1, 1000);
+    for _ in 0..n_warm {
+        evict();
+        f();
+    }
+    let marks: Vec<_> = (0..n_rep).map(|_| (event(), event())).collect();
+    // SAFETY: as above.
+    unsafe {
+        for &(a, b) in &marks {
+            evict();
+            result::event::record(a, std::ptr::null_mut()).expect("record");
+            f();
+            result::event::record(b, std::ptr::null_mut()).expect("record");
+        }
+        result::event::synchronize(marks[n_rep - 1].1).expect("sync");
+    }
+    let mut v: Vec<f64> = marks.iter().map(|&(a, b)| elapsed(a, b)).collect();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Median milliseconds per launch of `f` over `iters` launches back to back
+/// (no L2 eviction, no gaps), `reps` times: the figure of earlier sessions'
+/// tables, printed beside the do_bench-style one.
+fn time_back_to_back_ms(mut f: impl FnMut(), iters: usize, reps: usize) -> f64 {
     for _ in 0..3 {
         f();
     }
@@ -69,6 +125,16 @@ fn time_ms(mut f: impl FnMut(), iters: usize, reps: usize) -> f64 {
     }
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
+}
+
+/// " (walk)" or " (one tile)" where the kernel has both entries: the one the
+/// launcher takes for `fa`; empty otherwise.
+fn entry_of(lk: &launch::LoadedKernel, fa: &FwdArgs) -> &'static str {
+    match (lk.has_walk(), lk.walks(fa)) {
+        (true, Ok(true)) => " (walk)",
+        (true, _) => " (one tile)",
+        _ => "",
+    }
 }
 
 /// Forward arguments of a dense self-attention problem in contiguous BHSD.
@@ -122,8 +188,8 @@ fn time_sm80_path(spec: &AttnSpec, planned: &attnforge::CompiledKernel, fa: &Fwd
     // SAFETY: the caller's buffers are sized for the problem in `fa`.
     let ms = time_ms(
         || unsafe { launch::launch_fwd(&lk, fa, std::ptr::null_mut()).expect("launch") },
-        10,
-        7,
+        25.0,
+        100.0,
     );
     let tf = flops / ms / 1e9;
     println!("{spec:<40} sm80 path {ms:8.3} ms {tf:7.1} TFLOP/s");
@@ -163,8 +229,8 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
                 // SAFETY: buffers sized for the problem.
                 let ms = time_ms(
                     || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") },
-                    5,
-                    5,
+                    10.0,
+                    40.0,
                 );
                 let tf = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 } / ms / 1e9;
                 println!(
@@ -184,13 +250,14 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
 fn tune90(rng: &mut rand::rngs::StdRng) {
     use attnforge::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
     // Alternatives to the planner's tiles per head dim: the other consumer
-    // count (3 warpgroups are the default at d <= 64, block_m 192).
+    // count (3 warpgroups are the default at d <= 64, block_m 192) and
+    // block_n. Every variant has both entries, each timed.
     let consumers = |consumers, block_n, stages| Sm90aFwdTiles {
         block_n,
         stages,
         pipelined: true,
         pingpong: true,
-        persistent: false,
+        persistent: true,
         consumers,
         head_major: true,
     };
@@ -198,18 +265,7 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
         (64, vec![consumers(2, 192, 3), consumers(3, 112, 3)]),
         (
             128,
-            vec![
-                consumers(2, 160, 2),
-                consumers(2, 176, 2),
-                Sm90aFwdTiles {
-                    persistent: true,
-                    ..consumers(2, 160, 2)
-                },
-                Sm90aFwdTiles {
-                    persistent: true,
-                    ..consumers(2, 176, 2)
-                },
-            ],
+            vec![consumers(2, 160, 2), consumers(2, 176, 2), consumers(2, 128, 2)],
         ),
     ];
     let mut built = Vec::new();
@@ -218,25 +274,23 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
             let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
             let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, Arch::Sm90a);
             let base = default_sm90a_tiles(&spec);
+            // The planner's tiles, also as a module with the one-tile entry
+            // alone (does the walk entry beside it cost the one-tile entry?),
+            // and in the other tile order.
             let mut tiles = vec![
                 base,
                 Sm90aFwdTiles {
-                    persistent: !base.persistent,
+                    persistent: false,
                     ..base
                 },
                 Sm90aFwdTiles {
                     head_major: !base.head_major,
-                    ..base
-                },
-                Sm90aFwdTiles {
-                    head_major: !base.head_major,
-                    persistent: !base.persistent,
                     ..base
                 },
             ];
             for (ad, vs) in alternatives {
                 if *ad == d {
-                    tiles.extend_from_slice(vs);
+                    tiles.extend(vs.iter().filter(|t| !tiles.contains(t)).copied().collect::<Vec<_>>());
                 }
             }
             for tiles in tiles {
@@ -254,7 +308,7 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                             let name = format!(
                                 "{spec}.c{}.bn{bn}.st{st}{}{}.cubin",
                                 tiles.consumers,
-                                if tiles.persistent { ".persistent" } else { "" },
+                                if tiles.persistent { ".walk" } else { "" },
                                 if tiles.head_major { "" } else { ".qbm" }
                             );
                             std::fs::create_dir_all(&dir).expect("cubin dir");
@@ -275,46 +329,162 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
     }
     launch::ensure_context(0).expect("context");
     for s in [512usize, 2048, 8192, 16384] {
+        // One set of inputs per head dim and length, shared by its variants.
+        let mut inputs: Option<(usize, [Dev; 5])> = None;
         for (d, causal, tiles, k) in &built {
             let (d, h) = (*d, 2048 / *d);
             let b = 16384 / s;
             let n = b * h * s * d;
-            let (q, kk, v) = (Dev::random(n, rng), Dev::random(n, rng), Dev::random(n, rng));
-            let o = Dev::zeroed(n * 2);
-            let lse = Dev::zeroed(b * h * s * 4);
+            if inputs.as_ref().map(|i| i.0) != Some(d) {
+                drop(inputs.take()); // free the last head dim's buffers first
+                inputs = Some((
+                    d,
+                    [
+                        Dev::random(n, rng),
+                        Dev::random(n, rng),
+                        Dev::random(n, rng),
+                        Dev::zeroed(n * 2),
+                        Dev::zeroed(b * h * s * 4),
+                    ],
+                ));
+            }
+            let [q, kk, v, o, lse] = &inputs.as_ref().expect("inputs").1;
             let lk = launch::load(k).expect("load");
             let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
-            // A persistent kernel walks with the resident blocks at every
-            // length; where the launcher's rule would give it one block per
-            // tile instead (long keys), that grid is timed too, in this
-            // process beside the one-tile cubin.
-            let mut grids = vec![("tiles", 0u32)];
-            if tiles.persistent {
-                grids = vec![("walk", lk.resident_blocks())];
-                if !attnforge::plan::sm90a_persistent_walk_pays(s as u32) {
-                    grids.push(("tiles", 0)); // 0: the launcher's rule
-                }
+            // Both entries in this process: one tile per block, and the walk
+            // on the resident blocks; `rule` marks the launcher's choice.
+            let walks = lk.walks(&fa).expect("checked call");
+            let mut grids = vec![("tiles", launch::ONE_TILE)];
+            if lk.has_walk() {
+                grids.push(("walk", lk.resident_blocks()));
             }
             for (grid, cap) in grids {
                 lk.set_persistent_grid(cap);
                 // SAFETY: buffers sized for the problem.
                 let ms = time_ms(
                     || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") },
-                    5,
-                    7,
+                    10.0,
+                    40.0,
                 );
                 lk.set_persistent_grid(0);
                 let tf = 4.0 * (b * h * s * s * d) as f64 * if *causal { 0.5 } else { 1.0 } / ms / 1e9;
+                let rule = if (grid == "walk") == walks { " rule" } else { "" };
                 println!(
-                    "tune90 d={d:<3} s={s:<5} causal={causal:<5} consumers={} bn={:<3} stages={} pingpong={:<5} persistent={:<5} head_major={:<5} {tf:6.1} TFLOP/s grid={grid}",
+                    "tune90 d={d:<3} s={s:<5} causal={causal:<5} consumers={} bn={:<3} stages={} pingpong={:<5} head_major={:<5} {tf:6.1} TFLOP/s grid={grid}{rule}{}",
                     k.plan.block_m / 64,
                     k.plan.block_n,
                     k.plan.stages,
                     k.plan.pingpong,
-                    tiles.persistent,
-                    tiles.head_major
+                    tiles.head_major,
+                    if lk.has_walk() { "" } else { " (module without the walk entry)" }
                 );
             }
+        }
+    }
+}
+
+/// Same-process A/B of forward cubins on the long cells (`--ab DIR`): the
+/// planner's module (one-tile entry), a module built with the one-tile entry
+/// alone, and each cubin that DIR holds for the spec (named
+/// `{spec}.c{consumers}.bn{block_n}.st{stages}.cubin`, e.g. from an earlier
+/// template's `ATTNFORGE_TUNE_CUBINS`), interleaved over rounds so that clock
+/// drift falls on all alike; the planner's module also on uniform(-1, 1)
+/// inputs instead of standard normal ones (the data's effect on power and
+/// clocks). Back-to-back timing, median of 5 x 10 launches per round.
+fn ab(dir: &str, rng: &mut rand::rngs::StdRng) {
+    use attnforge::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
+    launch::ensure_context(0).expect("context");
+    for (d, causal, s) in [
+        (128usize, false, 2048usize),
+        (128, false, 8192),
+        (256, false, 2048),
+        (256, true, 16384),
+        (128, true, 16384),
+    ] {
+        let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
+        let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, Arch::Sm90a);
+        let base = default_sm90a_tiles(&spec);
+        let planned = attnforge::get_or_build(&spec).expect("build");
+        let alone = attnforge::jit::build_plan(plan_fwd_sm90a_with(
+            &spec,
+            Sm90aFwdTiles {
+                persistent: false,
+                ..base
+            },
+        ))
+        .expect("build");
+        let mut kernels: Vec<(String, attnforge::CompiledKernel)> = vec![
+            ("planned".into(), (*planned).clone()),
+            ("one-tile module".into(), alone.clone()),
+        ];
+        let file = format!(
+            "{spec}.c{}.bn{}.st{}.cubin",
+            base.consumers, planned.plan.block_n, planned.plan.stages
+        );
+        match std::fs::read(std::path::Path::new(dir).join(&file)) {
+            Ok(bytes) => {
+                // The one-tile plan (same entry name and launch), the other cubin.
+                let mut k = alone.clone();
+                k.cubin = bytes;
+                k.key.0[0] ^= 0x5a; // its own slot in the loader's memo
+                kernels.push((format!("{dir}/{file}"), k));
+            }
+            Err(e) => println!("ab {spec}: no {file} in {dir} ({e})"),
+        }
+        let (h, b) = (2048 / d, 16384 / s);
+        let n = b * h * s * d;
+        let normal = [Dev::random(n, rng), Dev::random(n, rng), Dev::random(n, rng)];
+        let uniform: Vec<Dev> = (0..3)
+            .map(|_| {
+                let host: Vec<u16> = (0..n)
+                    .map(|_| half::bf16::from_f32(rng.gen_range(-1.0f32..1.0)).to_bits())
+                    .collect();
+                // SAFETY: device allocation and copy of `n` elements.
+                unsafe {
+                    let p = result::malloc_sync(n * 2).expect("alloc");
+                    result::memcpy_htod_sync(p, &host).expect("htod");
+                    Dev(p)
+                }
+            })
+            .collect();
+        let (o, lse) = (Dev::zeroed(n * 2), Dev::zeroed(b * h * s * 4));
+        let flops = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 };
+        let mut runs: Vec<(String, std::sync::Arc<launch::LoadedKernel>, FwdArgs)> = Vec::new();
+        for (name, k) in &kernels {
+            let lk = launch::load(k).expect("load");
+            lk.set_persistent_grid(launch::ONE_TILE);
+            runs.push((
+                name.clone(),
+                lk,
+                bhsd_args([normal[0].0, normal[1].0, normal[2].0, o.0], lse.0, b, h, s, d),
+            ));
+        }
+        let lk = launch::load(&planned).expect("load");
+        runs.push((
+            "planned, uniform(-1,1) data".into(),
+            lk,
+            bhsd_args([uniform[0].0, uniform[1].0, uniform[2].0, o.0], lse.0, b, h, s, d),
+        ));
+        let mut figures = vec![Vec::new(); runs.len()];
+        for _round in 0..5 {
+            for (i, (_, lk, fa)) in runs.iter().enumerate() {
+                // SAFETY: buffers sized for the problem.
+                let ms = time_back_to_back_ms(
+                    || unsafe { launch::launch_fwd(lk, fa, std::ptr::null_mut()).expect("launch") },
+                    10,
+                    5,
+                );
+                figures[i].push(flops / ms / 1e9);
+            }
+        }
+        for ((name, _, _), f) in runs.iter().zip(&figures) {
+            let mut sorted = f.clone();
+            sorted.sort_by(|a, b| a.total_cmp(b));
+            println!(
+                "ab d={d:<3} s={s:<5} causal={causal:<5} {:7.1} TFLOP/s median (rounds {}) {name}",
+                sorted[sorted.len() / 2],
+                f.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" ")
+            );
         }
     }
 }
@@ -322,9 +492,22 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
-    let out = args.iter().find(|a| !a.starts_with("--")).cloned();
+    let out = args
+        .iter()
+        .enumerate()
+        .find(|(i, a)| !a.starts_with("--") && (*i == 0 || args[i - 1] != "--ab"))
+        .map(|(_, a)| a.clone());
     if args.iter().any(|a| a == "--tune90") {
         tune90(&mut rand::rngs::StdRng::seed_from_u64(7));
+        return;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--ab") {
+        if !launch::driver_available() {
+            eprintln!("skipped: no CUDA driver");
+            return;
+        }
+        let dir = args.get(i + 1).cloned().unwrap_or_else(|| ".gpu/ab".into());
+        ab(&dir, &mut rand::rngs::StdRng::seed_from_u64(11));
         return;
     }
     if !launch::driver_available() {
@@ -373,18 +556,23 @@ fn main() {
                 let t = |p| TensorArg::bhsd(p, s as i64, h as i64, d as i64);
                 let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
                 // SAFETY: buffers sized for the problem.
-                let ms = time_ms(
-                    || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") },
-                    10,
-                    7,
-                );
+                let launch = || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") };
+                let ms = time_ms(launch, 25.0, 100.0);
+                // SAFETY: as above.
+                let b2b_ms = time_back_to_back_ms(launch, 10, 7);
                 let flops = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 };
                 let tf = flops / ms / 1e9;
-                println!("{spec:<40} b={b:<3} h={h:<3} s={s:<6} {ms:8.3} ms {tf:7.1} TFLOP/s (regs {}, build {build_ms:.0} ms)", k.meta.registers);
+                let entry = entry_of(&lk, &fa);
+                println!(
+                    "{spec:<40} b={b:<3} h={h:<3} s={s:<6} {ms:8.3} ms {tf:7.1} TFLOP/s{entry} (back to back {:.1}; regs {}, build {build_ms:.0} ms)",
+                    flops / b2b_ms / 1e9,
+                    k.meta.registers
+                );
                 let mut row = serde_json::json!({
                     "impl": "attnforge", "spec": spec.to_string(), "b": b, "h": h, "s": s, "d": d,
                     "causal": causal, "fwd_ms": ms, "fwd_tflops": tf, "registers": k.meta.registers,
-                    "template": k.plan.template.file(),
+                    "fwd_tflops_back_to_back": flops / b2b_ms / 1e9,
+                    "template": format!("{}{entry}", k.plan.template.file()),
                 });
                 // The sm80 instruction path on the same problem, where the planner chose another template.
                 if let Some(tf80) = time_sm80_path(&spec, &k, &fa, flops) {
@@ -422,8 +610,8 @@ fn main() {
                         || unsafe {
                             launch_bwd::launch_bwd(&bl, &ba, ws.0, ws_bytes, std::ptr::null_mut()).expect("bwd")
                         },
-                        3,
-                        5,
+                        10.0,
+                        50.0,
                     )
                 };
                 if let Ok(bk) = attnforge::get_or_build(&bspec) {
@@ -519,22 +707,23 @@ fn main() {
             // SAFETY: buffers sized for the problem.
             let ms = time_ms(
                 || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") },
-                10,
-                7,
+                25.0,
+                100.0,
             );
+            let entry = entry_of(&lk, &fa);
             let pairs: f64 = lens
                 .iter()
                 .map(|&l| (l * l) as f64 * if causal { 0.5 } else { 1.0 })
                 .sum();
             let tf = 4.0 * pairs * (h * d) as f64 / ms / 1e9;
             println!(
-                "{spec:<40} ragged {} seqs, {total} tokens {ms:8.3} ms {tf:7.1} TFLOP/s",
+                "{spec:<40} ragged {} seqs, {total} tokens {ms:8.3} ms {tf:7.1} TFLOP/s{entry}",
                 lens.len()
             );
             let mut row = serde_json::json!({
                 "impl": "attnforge", "spec": spec.to_string(), "ragged_lens": lens, "h": h, "d": d,
                 "causal": causal, "fwd_ms": ms, "fwd_tflops": tf, "registers": k.meta.registers,
-                "template": k.plan.template.file(),
+                "template": format!("{}{entry}", k.plan.template.file()),
             });
             if let Some(tf80) = time_sm80_path(&spec, &k, &fa, 4.0 * pairs * (h * d) as f64) {
                 row["fwd_sm80_tflops"] = tf80.into();
