@@ -311,21 +311,22 @@ fn fwd_sm90a_smem(block_m: u32, block_n: u32, stages: u32, qk_chunks: u32, v_chu
 
 /// Whether the sm90a forward should take its persistent walk entry
 /// ([`GridRule::TilesOrWalk`]) for keys this long (dense `seqlen_k`, ragged
-/// maximum) at head dim `d` (the larger of d_qk and d_v). H200, 2026-12-04
-/// (`gpu_bench --tune90`, four runs, docs/benchmarks/2026-12-04-s9-tune90.md
-/// and -s10-*): the walk overlaps a tile's epilogue with the next one's Q
-/// load and wins where tiles are short (seqlen 512: +5..13% at every head
-/// dim; 2k: d64 +1..6%, d128 causal -7%, d256 +1%), while at 8k and 16k one
-/// block per tile is 3..20% faster (a static walk cannot balance causal
-/// tile lengths as the hardware's block dispatch does), and the walk's
-/// cubin given one block per tile ran 10..15% under the one-tile form
-/// (d128 8k: 613 vs 718 TFLOP/s in one process).
-pub fn sm90a_walk_pays(seqlen_k: u32, d: u32) -> bool {
-    seqlen_k <= SM90A_WALK_MAX_KEYS || (d <= 64 && seqlen_k <= 2 * SM90A_WALK_MAX_KEYS)
+/// maximum) at head dim `d` (the larger of d_qk and d_v), `masked` when the
+/// spec has a mask. H200, 2026-12-04 (`gpu_bench --tune90`, same process,
+/// docs/benchmarks/2026-12-04-s9-tune90.md and -s10-tune90.md): the walk
+/// overlaps a tile's epilogue with the next one's Q load and wins where tiles
+/// are short (seqlen 512: +5..11% at every head dim but d256 causal, -3.5%
+/// and +4% in two runs; 2k: d64 causal +5%, d64 without a mask +1% / -5%,
+/// d128 -0..10%, d256 mixed), while at 8k and 16k one block per tile is
+/// 3..20% faster (a static walk cannot balance causal tile lengths as the
+/// hardware's block dispatch does), and the walk given one block per tile
+/// ran 10..15% under the one-tile entry (d128 8k: 614 vs 719 TFLOP/s).
+pub fn sm90a_walk_pays(seqlen_k: u32, d: u32, masked: bool) -> bool {
+    seqlen_k <= SM90A_WALK_MAX_KEYS || (d <= 64 && masked && seqlen_k <= 2 * SM90A_WALK_MAX_KEYS)
 }
 
 /// Longest keys for which the sm90a forward walks its tiles at any head dim
-/// (twice as long at d <= 64); see [`sm90a_walk_pays`].
+/// (twice as long at d <= 64 under a mask); see [`sm90a_walk_pays`].
 pub const SM90A_WALK_MAX_KEYS: u32 = 1024;
 
 /// The free choices of the Hopper forward: keys per step, K/V ring depth,
@@ -465,8 +466,8 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
     reasons.push(if persistent {
         format!(
             "two entries: one block per work tile, and a persistent walk that the launcher takes for keys up to \
-             {SM90A_WALK_MAX_KEYS} ({} at d <= 64): the resident blocks walk the tiles in a snake over rounds of \
-             the grid, loading the next tile's Q under this tile's last P V and epilogue",
+             {SM90A_WALK_MAX_KEYS} ({} at d <= 64 under a mask): the resident blocks walk the tiles in a snake over \
+             rounds of the grid, loading the next tile's Q under this tile's last P V and epilogue",
             2 * SM90A_WALK_MAX_KEYS
         )
     } else {
@@ -674,10 +675,12 @@ mod tests {
             }
         }
         for d in [64, 128, 256] {
-            assert!(sm90a_walk_pays(512, d) && sm90a_walk_pays(SM90A_WALK_MAX_KEYS, d));
-            assert!(!sm90a_walk_pays(4096, d));
+            for masked in [false, true] {
+                assert!(sm90a_walk_pays(512, d, masked) && sm90a_walk_pays(SM90A_WALK_MAX_KEYS, d, masked));
+                assert!(!sm90a_walk_pays(4096, d, masked));
+                assert_eq!(sm90a_walk_pays(2048, d, masked), d <= 64 && masked);
+            }
         }
-        assert!(sm90a_walk_pays(2048, 64) && !sm90a_walk_pays(2048, 128) && !sm90a_walk_pays(2048, 256));
         // block_n 176 at d128 only without a mask.
         let bn = |mask| default_sm90a_tiles(&AttnSpec::fwd(DType::Bf16, 128, mask, Layout::Dense, Arch::Sm90a)).block_n;
         assert_eq!((bn(Mask::None), bn(Mask::CausalTopLeft)), (176, 128));
