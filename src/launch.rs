@@ -194,7 +194,8 @@ const LOG2_E: f32 = std::f32::consts::LOG2_E;
 pub const MAX_PERSISTENT_TILES: u64 = i32::MAX as u64 - 65536;
 /// Most blocks of a persistent launch.
 pub const MAX_PERSISTENT_GRID: u32 = 65536;
-/// [`LoadedKernel::set_persistent_grid`]'s value for "always the one-tile entry".
+/// [`LoadedKernel::set_persistent_grid`]'s value for "the one-tile entry"
+/// (wherever grid.y holds the query blocks; past that only the walk can run).
 pub const ONE_TILE: u32 = u32::MAX;
 
 /// Validate a forward call against its plan and build the parameter block.
@@ -549,7 +550,8 @@ impl LoadedKernel {
     /// (larger values clamp to 65536) makes every launch take the walk entry
     /// on at most that many blocks (tests use few to make every block walk
     /// several tiles); [`ONE_TILE`] makes every launch take the one-tile
-    /// entry; 0 restores the launcher's rule: the walk on the resident
+    /// entry (but those with more query blocks than grid.y holds); 0
+    /// restores the launcher's rule: the walk on the resident
     /// blocks where it pays ([`crate::plan::sm90a_walk_pays`]), else one
     /// block per tile. No effect on kernels without a walk entry.
     pub fn set_persistent_grid(&self, blocks: u32) {
