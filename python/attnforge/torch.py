@@ -273,12 +273,15 @@ def _route_key(
     requires_grad: bool,
     deterministic: bool,
     device_index: int,
+    long_keys: bool = False,
 ) -> Tuple[Optional[str], Optional[str], Optional[str], Optional[str]]:
     """(fwd, bwd, fwd error, bwd error) from the decision-relevant fields
-    only: sizes are stand-ins that keep the key (square, gqa). Cached; and
-    constant for ``torch.compile`` (the Rust call runs at trace time)."""
+    only: sizes are stand-ins that keep the key (square, gqa, long keys).
+    Cached; and constant for ``torch.compile`` (the Rust call runs at trace
+    time)."""
     cc = _cc(device_index)
-    sq, sk = (2, 2) if square else (2, 3)
+    n = _core.LONG_KEYS if long_keys else 2
+    sq, sk = (n, n) if square else (2, n + 1)
     hq, hkv = (2, 1) if gqa else (1, 1)
     prob = (
         dtype,
@@ -343,10 +346,13 @@ def route(
     requires_grad: bool = False,
     equal_seqlens: bool = False,
     head_dim_v: Optional[int] = None,
+    max_seqlen_k: Optional[int] = None,
 ) -> Tuple[Optional[str], Optional[str], Optional[str], Optional[str]]:
     """``(fwd backend, bwd backend, fwd error, bwd error)`` the dispatcher
     chooses for attention over these (CUDA) tensors; works on fake tensors
-    and inside ``torch.compile`` (decided once at trace time)."""
+    and inside ``torch.compile`` (decided once at trace time). Sizes enter
+    through one class, keys >= ``LONG_KEYS`` (dense: ``k.shape[2]``; ragged:
+    ``max_seqlen_k``, short when not given)."""
     if q.dtype not in _DTYPE_TOKEN:
         return None, None, f"dtype {q.dtype} unsupported", f"dtype {q.dtype} unsupported"
     # Under torch.compile with dynamic shapes these sizes are symbolic; the
@@ -360,6 +366,10 @@ def route(
     if mask not in ("causal-tl", "causal-br"):
         square = False if not thd else square
     dqk = _static_head_dim(q.shape[-1])
+    if thd:
+        long_keys = max_seqlen_k is not None and _static_bool(max_seqlen_k >= _core.LONG_KEYS)
+    else:
+        long_keys = _static_bool(k.shape[2] >= _core.LONG_KEYS)
     return _route_key_const(
         _DTYPE_TOKEN[q.dtype],
         "thd" if thd else "dense",
@@ -375,6 +385,7 @@ def route(
         _static_bool(requires_grad),
         torch.are_deterministic_algorithms_enabled(),
         _device_index(q),
+        long_keys,
     )
 
 
@@ -721,13 +732,14 @@ def _sdpa_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seql
 
 
 def _producer(q: Tensor, k: Tensor, cu_q: Optional[Tensor], cu_k: Optional[Tensor], mask: str, softcap: float,
-              head_dim_v: Any) -> str:
+              head_dim_v: Any, max_seqlen_k: Any = None) -> str:
     """The forward's backend, from the decision key (no sizes, so it also
     runs on fake tensors while torch.compile traces the autograd formula)."""
     if q.device.type != "cuda":
         return CPU_MATH
     fwd, _, _, _ = route(q, k, thd=cu_q is not None, mask=mask, softcap=softcap, requires_grad=True,
-                         equal_seqlens=cu_q is not None and cu_q is cu_k, head_dim_v=head_dim_v)
+                         equal_seqlens=cu_q is not None and cu_q is cu_k, head_dim_v=head_dim_v,
+                         max_seqlen_k=max_seqlen_k)
     return fwd or "none"
 
 
@@ -739,7 +751,7 @@ def _setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[Tensor, Tens
     ctx.max_seqlen = (max_sq, max_sk)
     ctx.scale = scale
     ctx.mask = (mask, wl, wr, softcap)
-    ctx.producer = _producer(q, k, cu_q, cu_k, mask, softcap, v.shape[-1])
+    ctx.producer = _producer(q, k, cu_q, cu_k, mask, softcap, v.shape[-1], max_sk)
     ctx.mark_non_differentiable(lse)
 
 
@@ -1082,13 +1094,14 @@ def _needs_grad(*ts: Tensor) -> bool:
 
 
 def _refuse_unsupported(q: Tensor, k: Tensor, v: Tensor, thd: bool, mask: str, softcap: float, dropout_p: float,
-                        attn_mask: bool, equal_seqlens: bool) -> Tuple[Optional[str], Optional[str]]:
+                        attn_mask: bool, equal_seqlens: bool,
+                        max_seqlen_k: Optional[int] = None) -> Tuple[Optional[str], Optional[str]]:
     """The chosen (fwd, bwd) backends for CUDA tensors, or a refusal naming
     what is unsupported."""
     grad = _needs_grad(q, k, v)
     fwd, bwd, fwd_err, bwd_err = route(q, k, thd=thd, mask=mask, softcap=softcap, dropout_p=dropout_p,
                                        attn_mask=attn_mask, requires_grad=grad, equal_seqlens=equal_seqlens,
-                                       head_dim_v=v.shape[-1])
+                                       head_dim_v=v.shape[-1], max_seqlen_k=max_seqlen_k)
     if fwd is None:
         raise _Refused(NotImplementedError(f"attnforge: {fwd_err}"))
     if grad and bwd is None:
@@ -1226,7 +1239,7 @@ def varlen_attention(
     if q.device.type == "cuda":
         try:
             _refuse_unsupported(q, k, v, True, mask, float(softcap), 0.0, False,
-                                cu_seqlens_q is cu_seqlens_k)
+                                cu_seqlens_q is cu_seqlens_k, max_seqlen_k)
         except _Refused as r:
             raise r.error from None
     out, lse = torch.ops.attnforge.sdpa_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s, mask,

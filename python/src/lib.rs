@@ -1118,6 +1118,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FLAG_REQUIRES_GRAD", FLAG_REQUIRES_GRAD)?;
     m.add("FLAG_DETERMINISTIC", FLAG_DETERMINISTIC)?;
     m.add("FLAG_EQUAL_SEQLENS", FLAG_EQUAL_SEQLENS)?;
+    // Keys from which the ranking treats a problem as long (its one size class).
+    m.add("LONG_KEYS", attnforge::dispatch::LONG_KEYS)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

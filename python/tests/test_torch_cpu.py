@@ -362,6 +362,33 @@ def test_route_is_constant_under_compile_with_fake_cuda(monkeypatch):
     at._route_key.cache_clear()
 
 
+def test_long_keys_route_the_forward_to_ours_on_hopper(monkeypatch):
+    """Keys >= LONG_KEYS on Hopper: ours first for the forward (measured
+    >= 1.00x cuDNN at every cell from 8k keys), cuDNN still first for the
+    backward; shorter keys keep cuDNN first; other generations unchanged."""
+    monkeypatch.setattr(at, "_cc", lambda i: (9, 0))
+    monkeypatch.setattr(at, "_device_index", lambda t: 0)
+    at._route_key.cache_clear()
+    n = at._core.LONG_KEYS
+    short = torch.empty(1, 2, 16, 64, dtype=torch.bfloat16)
+    long = torch.empty(1, 2, n, 64, dtype=torch.bfloat16)
+    assert at.route(short, short, requires_grad=True)[:2] == ("torch-cudnn", "torch-cudnn")
+    assert at.route(long, long, requires_grad=True)[:2] == ("generated", "torch-cudnn")
+    # The keys decide: a short query over long keys is long, and the reverse is not.
+    assert at.route(short, long)[0] == "generated"
+    assert at.route(long, short)[0] == "torch-cudnn"
+    # The producer that the autograd context records follows the same rule.
+    with FakeTensorMode():
+        fs = torch.empty(1, 2, 16, 64, dtype=torch.bfloat16, device="cuda")
+        fl = torch.empty(1, 2, n, 64, dtype=torch.bfloat16, device="cuda")
+        assert at._producer(fl, fl, None, None, "none", 0.0, 64) == "generated"
+        assert at._producer(fs, fs, None, None, "none", 0.0, 64) == "torch-cudnn"
+    monkeypatch.setattr(at, "_cc", lambda i: (8, 0))
+    at._route_key.cache_clear()
+    assert at.route(long, long)[0] == "torch-cudnn"
+    at._route_key.cache_clear()
+
+
 def test_autograd_context_on_fake_cuda_tensors(monkeypatch):
     """setup_context saves the backend-neutral context (LSE, scale, mask
     parameters, producer from the decision) for CUDA tensors seen as fakes,

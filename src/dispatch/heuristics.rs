@@ -33,10 +33,12 @@ use super::problem::ProblemKey;
 /// so) problem, fastest first as measured on the H200 (bf16, same-run
 /// `make gpu-bench`, docs/benchmarks/2026-12-03-s6-bench.md): cuDNN ahead of
 /// FlashAttention-2 in both directions. On Hopper our forward is the
-/// wgmma/TMA kernel, 1.3-2.6x the FA2 forward and 0.98-1.28x cuDNN's from
-/// seqlen 2k on (but 0.65-0.83x at seqlen 512), so it ranks between them (the
-/// problem key has no sequence-length bucket to rank it first for long rows);
-/// elsewhere the forward is the sm80 path (0.8-1.06x FA2) and ranks last. Our
+/// wgmma/TMA kernel, 1.2-2.3x the FA2 forward; against cuDNN's, with both
+/// timed alike (docs/benchmarks/2026-12-04-s10-bench.md), 1.00-1.19x at
+/// every cell from 8k keys, 0.95-1.10x at 2k and 0.77-0.84x at 512: it ranks
+/// first for long keys ([`ProblemKey::long_keys`], the key's one size class)
+/// and between cuDNN and FA2 otherwise; elsewhere the forward is the sm80
+/// path (0.8-1.06x FA2) and ranks last. Our
 /// backward ranks between cuDNN and FA2 where the Hopper wgmma backward takes
 /// the problem (fast mode, equal head dims <= 128: 1.03-1.20x FA2 at d128,
 /// 0.96-1.15x at d64; 0.55-0.74x cuDNN) and last elsewhere (the sm80 path,
@@ -47,6 +49,12 @@ use super::problem::ProblemKey;
 /// callers, the C ABI). The first row that applies wins. Revisit with each
 /// new figure.
 pub const DEFAULT_RANKING: &[RankRow] = &[
+    RankRow {
+        direction: Direction::Fwd,
+        min_major: 9,
+        when: long_keys_on_hopper,
+        order: &[GENERATED, TORCH_CUDNN, TORCH_FLASH],
+    },
     RankRow {
         direction: Direction::Fwd,
         min_major: 9,
@@ -87,6 +95,12 @@ pub struct RankRow {
 
 fn always(_: &ProblemKey) -> bool {
     true
+}
+
+/// Keys >= [`super::problem::LONG_KEYS`] on a Hopper GPU (sm90a: the wgmma
+/// forward; other generations run other kernels, measured on no device here).
+fn long_keys_on_hopper(key: &ProblemKey) -> bool {
+    key.long_keys && key.cc.major == 9
 }
 
 /// The planner would run this problem's backward on the Hopper wgmma

@@ -32,7 +32,7 @@ pub use error::{DispatchError, Rejection};
 pub use generated::{GeneratedBackend, GENERATED};
 pub use heuristics::{Chosen, Decision, DirDecision, Ranked, Verdict};
 pub use policy::Policy;
-pub use problem::{ComputeCapability, ElemType, Problem, ProblemError, ProblemKey};
+pub use problem::{ComputeCapability, ElemType, Problem, ProblemError, ProblemKey, LONG_KEYS};
 
 use crate::spec::Direction;
 use problem::BuildKeyHasher;

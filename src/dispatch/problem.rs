@@ -407,6 +407,7 @@ impl Problem {
             gqa: self.heads_q != self.heads_kv,
             requires_grad: self.requires_grad,
             deterministic: self.deterministic,
+            long_keys: self.seqlen_k >= LONG_KEYS,
             cc: self.cc,
         }
     }
@@ -467,8 +468,14 @@ pub struct ProblemKey {
     pub gqa: bool,
     pub requires_grad: bool,
     pub deterministic: bool,
+    /// Keys (dense `seqlen_k`, ragged maximum) >= [`LONG_KEYS`]: the one
+    /// size class the ranking tells apart.
+    pub long_keys: bool,
     pub cc: ComputeCapability,
 }
+
+/// Keys from which a problem is "long" for the ranking ([`ProblemKey::long_keys`]).
+pub const LONG_KEYS: u32 = 8192;
 
 impl ProblemKey {
     /// Every field, packed losslessly (head dims take 32 bits each).
@@ -479,13 +486,14 @@ impl ProblemKey {
             | (self.attn_mask as u32) << 3
             | (self.gqa as u32) << 4
             | (self.requires_grad as u32) << 5
-            | (self.deterministic as u32) << 6;
+            | (self.deterministic as u32) << 6
+            | (self.long_keys as u32) << 7;
         let small = (self.dtype as u32)
             | (self.layout as u32) << 2
             | (self.mask as u32) << 3
             | flags << 6
-            | (self.cc.minor as u32) << 13
-            | (self.cc.major as u32) << 17;
+            | (self.cc.minor as u32) << 14
+            | (self.cc.major as u32) << 18;
         (self.head_dim_qk as u128) | (self.head_dim_v as u128) << 32 | (small as u128) << 64
     }
 
@@ -536,6 +544,7 @@ impl fmt::Display for ProblemKey {
             (self.gqa, "gqa"),
             (self.requires_grad, "grad"),
             (self.deterministic, "det"),
+            (self.long_keys, "long"),
         ] {
             if on {
                 write!(f, " {name}")?;
@@ -616,6 +625,15 @@ mod tests {
         b.seqlen_k = 333;
         b.scale = Some(0.1);
         assert_eq!(a.key(), b.key());
+        // Sizes matter through one class only: keys >= LONG_KEYS.
+        let mut long = a;
+        long.seqlen_q = LONG_KEYS;
+        long.seqlen_k = LONG_KEYS;
+        assert!(!a.key().long_keys && long.key().long_keys);
+        assert_ne!(a.key(), long.key());
+        long.seqlen_k = 4 * LONG_KEYS;
+        long.batch = 1;
+        assert!(long.key().long_keys);
         assert_ne!(a.key(), a.with_grad().key());
         assert_ne!(a.key(), a.with_dropout(0.1).key());
         // Squareness matters for causal masks only.
@@ -636,7 +654,7 @@ mod tests {
             for d in [8, 64, 128, 256, 512] {
                 for &mask in Mask::ALL {
                     for &layout in Layout::ALL {
-                        for bits in 0..128u32 {
+                        for bits in 0..256u32 {
                             for cc in [ComputeCapability::new(8, 0), ComputeCapability::new(9, 0)] {
                                 let k = ProblemKey {
                                     dtype,
@@ -651,6 +669,7 @@ mod tests {
                                     gqa: bits & 16 != 0,
                                     requires_grad: bits & 32 != 0,
                                     deterministic: bits & 64 != 0,
+                                    long_keys: bits & 128 != 0,
                                     cc,
                                 };
                                 assert!(seen.insert(k.packed()), "{k}");

@@ -71,6 +71,24 @@ fn default_ranking_follows_measured_speed() {
             ["torch-cudnn", "torch-flash", "generated"]
         );
     }
+    // Long keys on Hopper: ours first in the forward (measured >= 1.00x
+    // cuDNN from 8k), cuDNN still first in the backward; not on sm80.
+    let mut long = p;
+    long.seqlen_q = LONG_KEYS;
+    long.seqlen_k = LONG_KEYS;
+    let dec = d.decide_problem(&long).unwrap();
+    assert_eq!(order(&dec.fwd), ["generated", "torch-cudnn", "torch-flash"]);
+    assert_eq!(dec.fwd.chosen().unwrap().name(), "generated");
+    assert_eq!(dec.bwd.chosen().unwrap().name(), "torch-cudnn");
+    let mut long80 = long;
+    long80.cc = SM80;
+    assert_eq!(
+        d.decide_problem(&long80).unwrap().fwd.chosen().unwrap().name(),
+        "torch-cudnn"
+    );
+    // Where ours declines (dropout), the next one takes it.
+    let dec = d.decide_problem(&long.with_dropout(0.1)).unwrap();
+    assert_eq!(dec.fwd.chosen().unwrap().name(), "torch-flash");
     // A policy picks ours, per direction, with the spec it would run.
     d.set_policy(Policy::auto().with_fwd("generated").with_bwd("generated"));
     let dec = d.decide_problem(&p).unwrap();
