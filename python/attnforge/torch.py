@@ -733,8 +733,9 @@ def _sdpa_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seql
 
 def _producer(q: Tensor, k: Tensor, cu_q: Optional[Tensor], cu_k: Optional[Tensor], mask: str, softcap: float,
               head_dim_v: Any, max_seqlen_k: Any = None) -> str:
-    """The forward's backend, from the decision key (no sizes, so it also
-    runs on fake tensors while torch.compile traces the autograd formula)."""
+    """The forward's backend, from the decision key (no sizes but the
+    long-keys class, so it also runs on fake tensors while torch.compile
+    traces the autograd formula)."""
     if q.device.type != "cuda":
         return CPU_MATH
     fwd, _, _, _ = route(q, k, thd=cu_q is not None, mask=mask, softcap=softcap, requires_grad=True,

@@ -450,8 +450,9 @@ impl fmt::Display for Problem {
     }
 }
 
-/// What a decision may depend on: no sizes, no values, only flags and the
-/// fields that select kernels. `Copy`, 24 bytes, hashed as one `u128`.
+/// What a decision may depend on: no values, no sizes but one class (long
+/// keys), only flags and the fields that select kernels. `Copy`, 24 bytes,
+/// hashed as one `u128`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProblemKey {
     pub dtype: ElemType,
