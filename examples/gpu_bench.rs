@@ -28,10 +28,20 @@ impl Dev {
             host.push(half::bf16::from_f32(r * sin).to_bits());
         }
         host.truncate(n);
-        // SAFETY: device allocation and copy of `n` elements.
+        Dev::upload(&host)
+    }
+    /// Uniform(-1, 1) inputs (the timing of earlier sessions).
+    fn uniform(n: usize, rng: &mut rand::rngs::StdRng) -> Dev {
+        let host: Vec<u16> = (0..n)
+            .map(|_| half::bf16::from_f32(rng.gen_range(-1.0f32..1.0)).to_bits())
+            .collect();
+        Dev::upload(&host)
+    }
+    fn upload(host: &[u16]) -> Dev {
+        // SAFETY: device allocation and copy of `host.len()` elements.
         unsafe {
-            let p = result::malloc_sync(n * 2).expect("alloc");
-            result::memcpy_htod_sync(p, &host).expect("htod");
+            let p = result::malloc_sync(host.len() * 2).expect("alloc");
+            result::memcpy_htod_sync(p, host).expect("htod");
             Dev(p)
         }
     }
@@ -53,6 +63,38 @@ impl Drop for Dev {
     }
 }
 
+/// The median of `v` (upper middle for an even count).
+fn median(v: &[f64]) -> f64 {
+    let mut sorted = v.to_vec();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    sorted[sorted.len() / 2]
+}
+
+/// `n` CUDA events, destroyed when dropped.
+struct Events(Vec<sys::CUevent>);
+impl Events {
+    fn new(n: usize) -> Events {
+        Events(
+            (0..n)
+                .map(|_| result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).expect("event"))
+                .collect(),
+        )
+    }
+    /// Milliseconds from event `a` to event `b` (both recorded and complete).
+    fn ms(&self, a: usize, b: usize) -> f64 {
+        // SAFETY: events of this context, recorded by the caller.
+        unsafe { result::event::elapsed(self.0[a], self.0[b]).expect("elapsed") as f64 }
+    }
+}
+impl Drop for Events {
+    fn drop(&mut self) {
+        for &e in &self.0 {
+            // SAFETY: created above, destroyed once.
+            let _ = unsafe { result::event::destroy(e) };
+        }
+    }
+}
+
 /// Median milliseconds of one launch of `f`, timed as `triton.testing.do_bench`
 /// times the peers in scripts/gpu_bench.py: every launch after a 256 MB write
 /// that evicts L2, between its own pair of events; the launch count from a
@@ -64,41 +106,34 @@ fn time_ms(mut f: impl FnMut(), warmup_ms: f64, rep_ms: f64) -> f64 {
     // SAFETY: one device buffer for the life of the process; writes on the legacy default stream.
     let flush = *FLUSH_BUF.get_or_init(|| unsafe { result::malloc_sync(FLUSH).expect("alloc") });
     let evict = || unsafe { result::memset_d8_async(flush, 0, FLUSH, std::ptr::null_mut()).expect("memset") };
-    let event = || result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).expect("event");
-    let elapsed = |a, b| unsafe { result::event::elapsed(a, b).expect("elapsed") } as f64;
+    // SAFETY (records below): events of this context on the legacy default stream.
+    let record = |e: sys::CUevent| unsafe { result::event::record(e, std::ptr::null_mut()).expect("record") };
+    let sync = |e: sys::CUevent| unsafe { result::event::synchronize(e).expect("sync") };
     f();
-    let (start, stop) = (event(), event());
-    // SAFETY: events on the legacy default stream.
-    let estimate = unsafe {
-        result::event::record(start, std::ptr::null_mut()).expect("record");
-        for _ in 0..5 {
-            evict();
-            f();
-        }
-        result::event::record(stop, std::ptr::null_mut()).expect("record");
-        result::event::synchronize(stop).expect("sync");
-        elapsed(start, stop) / 5.0
-    };
+    let est = Events::new(2);
+    record(est.0[0]);
+    for _ in 0..5 {
+        evict();
+        f();
+    }
+    record(est.0[1]);
+    sync(est.0[1]);
+    let estimate = est.ms(0, 1) / 5.0;
     let n_warm = ((warmup_ms / estimate) as usize).max(1);
     let n_rep = ((rep_ms / estimate) as usize).clamp(1, 1000);
     for _ in 0..n_warm {
         evict();
         f();
     }
-    let marks: Vec<_> = (0..n_rep).map(|_| (event(), event())).collect();
-    // SAFETY: as above.
-    unsafe {
-        for &(a, b) in &marks {
-            evict();
-            result::event::record(a, std::ptr::null_mut()).expect("record");
-            f();
-            result::event::record(b, std::ptr::null_mut()).expect("record");
-        }
-        result::event::synchronize(marks[n_rep - 1].1).expect("sync");
+    let marks = Events::new(2 * n_rep);
+    for i in 0..n_rep {
+        evict();
+        record(marks.0[2 * i]);
+        f();
+        record(marks.0[2 * i + 1]);
     }
-    let mut v: Vec<f64> = marks.iter().map(|&(a, b)| elapsed(a, b)).collect();
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+    sync(marks.0[2 * n_rep - 1]);
+    median(&(0..n_rep).map(|i| marks.ms(2 * i, 2 * i + 1)).collect::<Vec<_>>())
 }
 
 /// Median milliseconds per launch of `f` over `iters` launches back to back
@@ -108,23 +143,21 @@ fn time_back_to_back_ms(mut f: impl FnMut(), iters: usize, reps: usize) -> f64 {
     for _ in 0..3 {
         f();
     }
-    let start = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).expect("event");
-    let stop = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).expect("event");
+    let ev = Events::new(2);
     let mut v = Vec::new();
     for _ in 0..reps {
-        // SAFETY: events on the legacy default stream.
+        // SAFETY: events of this context on the legacy default stream.
         unsafe {
-            result::event::record(start, std::ptr::null_mut()).expect("record");
+            result::event::record(ev.0[0], std::ptr::null_mut()).expect("record");
             for _ in 0..iters {
                 f();
             }
-            result::event::record(stop, std::ptr::null_mut()).expect("record");
-            result::event::synchronize(stop).expect("sync");
-            v.push(result::event::elapsed(start, stop).expect("elapsed") as f64 / iters as f64);
+            result::event::record(ev.0[1], std::ptr::null_mut()).expect("record");
+            result::event::synchronize(ev.0[1]).expect("sync");
         }
+        v.push(ev.ms(0, 1) / iters as f64);
     }
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+    median(&v)
 }
 
 /// " (walk)" or " (one tile)" where the kernel has both entries: the one the
@@ -376,8 +409,6 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                 }
             }
             for ((causal, tiles, k, lk, grid, _, rule), f) in runs.iter().zip(&figures) {
-                let mut sorted = f.clone();
-                sorted.sort_by(|a, b| a.total_cmp(b));
                 println!(
                     "tune90 d={d:<3} s={s:<5} causal={causal:<5} consumers={} bn={:<3} stages={} pingpong={:<5} head_major={:<5} {:6.1} TFLOP/s grid={grid}{}{} (rounds {})",
                     k.plan.block_m / 64,
@@ -385,7 +416,7 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                     k.plan.stages,
                     k.plan.pingpong,
                     tiles.head_major,
-                    sorted[sorted.len() / 2],
+                    median(f),
                     if *rule { " rule" } else { "" },
                     if lk.has_walk() { "" } else { " (module without the walk entry)" },
                     f.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" ")
@@ -446,19 +477,7 @@ fn ab(dir: &str, rng: &mut rand::rngs::StdRng) {
         let (h, b) = (2048 / d, 16384 / s);
         let n = b * h * s * d;
         let normal = [Dev::random(n, rng), Dev::random(n, rng), Dev::random(n, rng)];
-        let uniform: Vec<Dev> = (0..3)
-            .map(|_| {
-                let host: Vec<u16> = (0..n)
-                    .map(|_| half::bf16::from_f32(rng.gen_range(-1.0f32..1.0)).to_bits())
-                    .collect();
-                // SAFETY: device allocation and copy of `n` elements.
-                unsafe {
-                    let p = result::malloc_sync(n * 2).expect("alloc");
-                    result::memcpy_htod_sync(p, &host).expect("htod");
-                    Dev(p)
-                }
-            })
-            .collect();
+        let uniform = [Dev::uniform(n, rng), Dev::uniform(n, rng), Dev::uniform(n, rng)];
         let (o, lse) = (Dev::zeroed(n * 2), Dev::zeroed(b * h * s * 4));
         let flops = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 };
         let mut runs: Vec<(String, std::sync::Arc<launch::LoadedKernel>, FwdArgs)> = Vec::new();
@@ -490,11 +509,9 @@ fn ab(dir: &str, rng: &mut rand::rngs::StdRng) {
             }
         }
         for ((name, _, _), f) in runs.iter().zip(&figures) {
-            let mut sorted = f.clone();
-            sorted.sort_by(|a, b| a.total_cmp(b));
             println!(
                 "ab d={d:<3} s={s:<5} causal={causal:<5} {:7.1} TFLOP/s median (rounds {}) {name}",
-                sorted[sorted.len() / 2],
+                median(f),
                 f.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" ")
             );
         }
