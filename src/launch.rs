@@ -534,16 +534,22 @@ impl LoadedKernel {
     /// call as [`launch_fwd`] does; `false` for an empty problem).
     pub fn walks(&self, args: &FwdArgs) -> Result<bool, LaunchError> {
         Ok(match check_fwd(&self.plan, args)? {
-            Some((_, dims)) if self.walk.is_some() => walk_grid(
-                &self.plan,
-                &args.problem,
-                dims.grid,
-                self.persistent_grid(),
-                self.resident,
-            )
-            .is_some(),
-            _ => false,
+            Some((_, dims)) => self.entry(&args.problem, dims.grid).0 != self.func,
+            None => false,
         })
+    }
+
+    /// The function and grid a checked call with one-tile grid `one_tile`
+    /// launches: the walk entry where [`walk_grid`] says so, else the plan's
+    /// entry on `one_tile`.
+    fn entry(&self, p: &FwdProblem, one_tile: (u32, u32, u32)) -> (sys::CUfunction, (u32, u32, u32)) {
+        match (
+            self.walk,
+            walk_grid(&self.plan, p, one_tile, self.persistent_grid(), self.resident),
+        ) {
+            (Some(walk), Some(grid)) => (walk, grid),
+            _ => (self.func, one_tile),
+        }
     }
 
     /// Choose the entry of this kernel's launches: `blocks` in 1..=65536
@@ -742,12 +748,8 @@ pub unsafe fn launch_fwd(k: &LoadedKernel, args: &FwdArgs, stream: sys::CUstream
     let Some((mut params, mut dims)) = check_fwd(&k.plan, args)? else {
         return Ok(());
     };
-    let mut func = k.func;
-    if let Some(walk) = k.walk {
-        if let Some(grid) = walk_grid(&k.plan, &args.problem, dims.grid, k.persistent_grid(), k.resident) {
-            (func, dims.grid) = (walk, grid);
-        }
-    }
+    let (func, grid) = k.entry(&args.problem, dims.grid);
+    dims.grid = grid;
     // The sm90a forward takes its Q/K/V tensor maps after the parameter block.
     let (mut maps, n) = if k.plan.template == Template::FwdSm90a {
         (k.tensor_maps(args)?, 4)

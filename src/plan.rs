@@ -370,7 +370,7 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
     // persistent walk wins where tiles are short (seqlen 512: +5..13%) but
     // loses 3..10% at 8k/16k, and the persistent cubin given one block per
     // tile measured 10..15% under the one-tile cubin (d128 8k without a
-    // mask: 613 vs 718 TFLOP/s, the same process, session 10). So every
+    // mask: 614 vs 719 TFLOP/s, the same process, session 10). So every
     // kernel has both entries (one cubin, two functions from one body) and
     // the launcher picks per call ([`sm90a_walk_pays`]). block_n 176 at
     // d128 without a mask: +1..7% from 2k on in three runs (S 88 + P 44 +
