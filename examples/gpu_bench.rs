@@ -6,7 +6,7 @@
 //! d ∈ {64, 128, 256} × seqlen ∈ {512, 2k, 8k, 16k} × causal, batch·seqlen =
 //! 16k tokens, heads·d = 2048, bf16, BHSD; plus a ragged THD sweep.
 //!
-//! usage: gpu_bench [--quick] [OUT_JSON] | --tune | --tune90 | --ab DIR
+//! usage: gpu_bench [--quick] [OUT_JSON] | --tune | --tune90 | --trace90 | --ab DIR
 
 use std::time::Instant;
 
@@ -434,6 +434,226 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
 /// drift falls on all alike; the planner's module also on uniform(-1, 1)
 /// inputs instead of standard normal ones (the data's effect on power and
 /// clocks). Back-to-back timing, median of 5 x 10 launches per round.
+/// A tracing build's stamps of one role, up to the first empty slot:
+/// (event, index, SM clock bits 0..39).
+fn trace_stamps(slots: &[u64]) -> Vec<(u32, u32, u64)> {
+    slots
+        .iter()
+        .take_while(|&&x| x != 0)
+        .map(|&x| (((x >> 40) & 0xff) as u32, (x >> 48) as u32, x & ((1 << 40) - 1)))
+        .collect()
+}
+
+/// Where the sm90a forward's time goes (`--trace90`): a tracing build of the
+/// planner's plan (the template's ATTNFORGE_TRACE stamps: SM clock per event
+/// of the producer and of each consumer warpgroup in the first blocks, and
+/// every block's SM, start and end), launched once after a warm-up on each
+/// entry, summed per tile into waits and work.
+fn trace90(rng: &mut rand::rngs::StdRng) {
+    use attnforge::plan::{default_sm90a_tiles, plan_fwd_sm90a_with};
+    const ROLES: usize = 4;
+    const EVENTS: usize = 2048;
+    let names = [
+        "",
+        "tile",
+        "wait Q",
+        "wait K (+rescale, pack)",
+        "wait turn",
+        "S (issue, wait)",
+        "softmax",
+        "wait P V",
+        "epilogue",
+        "wait V",
+    ];
+    let mut built = Vec::new();
+    for (d, causal, s) in [
+        (128usize, false, 512usize),
+        (128, false, 2048),
+        (128, false, 8192),
+        (64, false, 512),
+        (256, false, 512),
+        (256, false, 2048),
+    ] {
+        let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
+        let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, Arch::Sm90a);
+        let plan = plan_fwd_sm90a_with(&spec, default_sm90a_tiles(&spec));
+        let mut rendered = attnforge::render::render(&plan).expect("render");
+        rendered.source = format!("#define ATTNFORGE_TRACE 1\n{}", rendered.source);
+        let nvrtc = attnforge::compile::Nvrtc::get().expect("nvrtc");
+        let (cubin, meta) = attnforge::jit::compile_plan(&plan, &rendered, nvrtc).expect("compile");
+        println!(
+            "trace90 {spec}: bn={} regs={} spills={} B (tracing build)",
+            plan.block_n,
+            meta.registers,
+            meta.spill_stores + meta.spill_loads
+        );
+        let key = attnforge::jit::cache_key(
+            &plan,
+            &rendered,
+            &nvrtc.version_string(),
+            &attnforge::jit::compile_options(&plan),
+        );
+        built.push((
+            d,
+            causal,
+            s,
+            attnforge::CompiledKernel {
+                spec,
+                plan,
+                key,
+                cubin,
+                meta,
+                origin: attnforge::Origin::Compiled,
+            },
+        ));
+    }
+    if !launch::driver_available() {
+        println!("trace90: no CUDA driver, built only");
+        return;
+    }
+    launch::ensure_context(0).expect("context");
+    for (d, causal, s, k) in &built {
+        let (d, s) = (*d, *s);
+        let (h, b) = (2048 / d, 16384 / s);
+        let n = b * h * s * d;
+        let [q, kk, v, o, lse] = [
+            Dev::random(n, rng),
+            Dev::random(n, rng),
+            Dev::random(n, rng),
+            Dev::zeroed(n * 2),
+            Dev::zeroed(b * h * s * 4),
+        ];
+        let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
+        let lk = launch::load(k).expect("load");
+        let (tr, tr_bytes) = lk.global("attnforge_trace").expect("trace buffer");
+        let (grid, grid_bytes) = lk.global("attnforge_trace_grid").expect("grid buffer");
+        for (entry, cap) in [("one tile", launch::ONE_TILE), ("walk", lk.resident_blocks())] {
+            lk.set_persistent_grid(cap);
+            // SAFETY: buffers sized for the problem; the trace buffers are the module's globals.
+            let ms = time_ms(
+                || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") },
+                5.0,
+                20.0,
+            );
+            let mut ev = vec![0u64; tr_bytes / 8];
+            let mut gr = vec![0u64; grid_bytes / 8];
+            unsafe {
+                result::memset_d8_sync(tr, 0, tr_bytes).expect("memset");
+                result::memset_d8_sync(grid, 0, grid_bytes).expect("memset");
+                launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch");
+                result::ctx::synchronize().expect("sync");
+                result::memcpy_dtoh_sync(&mut ev, tr).expect("dtoh");
+                result::memcpy_dtoh_sync(&mut gr, grid).expect("dtoh");
+            }
+            let flops = 4.0 * (b * h * s * s * d) as f64 * if *causal { 0.5 } else { 1.0 };
+            // Grid: blocks per SM, the kernel's span, and per SM the time
+            // between one block's end and the next one's start.
+            let blocks: Vec<(u64, u64, u64)> = gr
+                .chunks(3)
+                .filter(|c| c[1] != 0 && c[2] != 0)
+                .map(|c| (c[0], c[1], c[2]))
+                .collect();
+            let t0 = blocks.iter().map(|x| x.1).min().unwrap_or(0);
+            let t1 = blocks.iter().map(|x| x.2).max().unwrap_or(0);
+            let mut per_sm: std::collections::BTreeMap<u64, Vec<(u64, u64)>> = Default::default();
+            for &(sm, a, e) in &blocks {
+                per_sm.entry(sm).or_default().push((a, e));
+            }
+            let (mut gaps, mut tails, mut busy) = (0u64, 0u64, 0u64);
+            for v in per_sm.values_mut() {
+                v.sort();
+                for w in v.windows(2) {
+                    gaps += w[1].0.saturating_sub(w[0].1);
+                }
+                tails += t1 - v.last().map(|x| x.1).unwrap_or(t1);
+                gaps += v.first().map(|x| x.0 - t0).unwrap_or(0);
+                busy += v.iter().map(|x| x.1 - x.0).sum::<u64>();
+            }
+            let sms = per_sm.len().max(1) as f64;
+            println!(
+                "trace90 d={d:<3} s={s:<5} causal={causal:<5} {entry:<8}: {:.1} TFLOP/s timed, traced launch {:.1} us over {} blocks on {} SMs; per SM: blocks busy {:.1}%, between blocks {:.1}%, idle at the end {:.1}%",
+                flops / ms / 1e9,
+                (t1 - t0) as f64 / 1e3,
+                blocks.len(),
+                per_sm.len(),
+                100.0 * busy as f64 / sms / (t1 - t0).max(1) as f64,
+                100.0 * gaps as f64 / sms / (t1 - t0).max(1) as f64,
+                100.0 * tails as f64 / sms / (t1 - t0).max(1) as f64
+            );
+            // Per block and consumer warpgroup: cycles per category, summed
+            // over the block's tiles (an event's time counts toward the
+            // category of the event that ends it).
+            for blk in 0..2usize {
+                for role in 1..ROLES {
+                    let base = (blk * ROLES + role) * EVENTS;
+                    let stamps = trace_stamps(&ev[base..base + EVENTS]);
+                    if stamps.len() < 2 {
+                        continue;
+                    }
+                    let mut sum = [0u64; 10];
+                    let mut tiles = 0;
+                    for w in stamps.windows(2) {
+                        let (e, dt) = (w[1].0 as usize, w[1].2.wrapping_sub(w[0].2) & ((1 << 40) - 1));
+                        if e < sum.len() {
+                            sum[e] += dt;
+                        }
+                        if e == 1 {
+                            tiles += 1;
+                        }
+                    }
+                    let total: u64 = sum.iter().sum();
+                    let parts: Vec<String> = (1..sum.len())
+                        .filter(|&e| sum[e] > 0)
+                        .map(|e| format!("{} {:.1}%", names[e], 100.0 * sum[e] as f64 / total as f64))
+                        .collect();
+                    println!(
+                        "trace90   block {blk} warpgroup {}: {} tiles, {:.0} cycles per tile: {}",
+                        role - 1,
+                        tiles + 1,
+                        total as f64 / (tiles + 1) as f64,
+                        parts.join(", ")
+                    );
+                }
+                // The producer's first tiles: cycles from the tile start to
+                // Q free and to each issue.
+                let base = blk * ROLES * EVENTS;
+                let stamps = trace_stamps(&ev[base..base + EVENTS]);
+                let line: Vec<String> = stamps
+                    .iter()
+                    .take(40)
+                    .map(|(e, i, t)| {
+                        format!(
+                            "{}{}:{}",
+                            e,
+                            if *i > 0 { format!(".{i}") } else { String::new() },
+                            t.wrapping_sub(stamps[0].2) & ((1 << 40) - 1)
+                        )
+                    })
+                    .collect();
+                println!("trace90   block {blk} producer: {}", line.join(" "));
+            }
+            // The first consumer warpgroup's raw events of block 0 (event.index:cycles).
+            let stamps = trace_stamps(&ev[EVENTS..2 * EVENTS]);
+            if let Some(first) = stamps.first() {
+                let line: Vec<String> = stamps
+                    .iter()
+                    .take(80)
+                    .map(|(e, i, t)| {
+                        format!(
+                            "{}{}:{}",
+                            e,
+                            if *i > 0 { format!(".{i}") } else { String::new() },
+                            t.wrapping_sub(first.2) & ((1 << 40) - 1)
+                        )
+                    })
+                    .collect();
+                println!("trace90   block 0 warpgroup 0 events: {}", line.join(" "));
+            }
+            lk.set_persistent_grid(0);
+        }
+    }
+}
+
 fn ab(dir: &str, rng: &mut rand::rngs::StdRng) {
     use attnforge::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
     launch::ensure_context(0).expect("context");
@@ -526,6 +746,10 @@ fn main() {
         .enumerate()
         .find(|(i, a)| !a.starts_with("--") && (*i == 0 || args[i - 1] != "--ab"))
         .map(|(_, a)| a.clone());
+    if args.iter().any(|a| a == "--trace90") {
+        trace90(&mut rand::rngs::StdRng::seed_from_u64(5));
+        return;
+    }
     if args.iter().any(|a| a == "--tune90") {
         tune90(&mut rand::rngs::StdRng::seed_from_u64(7));
         return;

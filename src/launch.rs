@@ -598,6 +598,16 @@ impl LoadedKernel {
         others.insert(name.to_string(), func as usize);
         Ok(func)
     }
+
+    /// The device address and size of the module's global variable `name`
+    /// (a tracing build's buffers; see `gpu_bench --trace90`).
+    pub fn global(&self, name: &str) -> Result<(u64, usize), LaunchError> {
+        let cname = CString::new(name).map_err(|_| invalid("global", "contains NUL"))?;
+        // SAFETY: the module is loaded in this context for the life of `self`.
+        let (ptr, bytes) =
+            unsafe { result::module::get_global(self.module, cname).map_err(driver_err("cuModuleGetGlobal"))? };
+        Ok((ptr, bytes))
+    }
 }
 
 // SAFETY: CUmodule/CUfunction handles are context-bound, not thread-bound; the

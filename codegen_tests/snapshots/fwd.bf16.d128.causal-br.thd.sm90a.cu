@@ -327,6 +327,37 @@ struct FwdParams {
 };
 
 
+// Tracing (a build of gpu_bench --trace90 only, which defines
+// ATTNFORGE_TRACE; the planner's kernels have none of this): SM clock stamps
+// of one thread per role (the producer, lane 0 of each consumer warpgroup's
+// first warp) in the first TRACE_BLOCKS blocks, and every block's SM, start
+// and end. A stamp is (event << 40) | clock bits 0..39.
+#ifdef ATTNFORGE_TRACE
+constexpr int TRACE_BLOCKS = 4, TRACE_ROLES = 4, TRACE_EVENTS = 2048, TRACE_GRID = 1 << 16;
+__device__ unsigned long long attnforge_trace[TRACE_BLOCKS * TRACE_ROLES * TRACE_EVENTS];
+__device__ unsigned long long attnforge_trace_grid[TRACE_GRID * 3];
+struct Tracer {
+    unsigned long long* out = nullptr;
+    int n = 0;
+    __device__ __forceinline__ void operator()(unsigned event) {
+        if (out != nullptr && n < TRACE_EVENTS)
+            out[n++] = ((unsigned long long)event << 40) | (clock64() & ((1ull << 40) - 1));
+    }
+};
+__device__ __forceinline__ unsigned block_linear() { return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); }
+__device__ __forceinline__ Tracer tracer_for(int role) {
+    Tracer t;
+    if (block_linear() < TRACE_BLOCKS) t.out = attnforge_trace + (block_linear() * TRACE_ROLES + role) * TRACE_EVENTS;
+    return t;
+}
+#define TRACE(event) tr(event)
+#else
+#define TRACE(event)
+#endif
+// Events (the tile number, where given, in the bits above 8).
+enum : unsigned { EV_TILE = 1, EV_Q_READY, EV_K_READY, EV_TURN, EV_S_DONE, EV_SOFTMAX_DONE, EV_PV_DONE, EV_EPI_DONE,
+                  EV_V_READY, EV_P_Q_FREE = 20, EV_P_K_ISSUED, EV_P_V_ISSUED };
+
 // Shared memory, from a 1024-byte aligned base (the 128-byte swizzle repeats
 // every 8 rows of 128 bytes). Each tile is stored as column chunks of 64
 // elements: chunk c of a tile with R rows starts at c * R * 128 bytes.
@@ -499,6 +530,16 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         fence_barrier_init();
     }
     __syncthreads();
+#ifdef ATTNFORGE_TRACE
+    if (tid == 0 && block_linear() < TRACE_GRID) {
+        unsigned sm;
+        unsigned long long now;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        attnforge_trace_grid[3 * block_linear()] = sm;
+        attnforge_trace_grid[3 * block_linear() + 1] = now;
+    }
+#endif
 
     // Both roles walk the same tiles and keep the same ring state. Every work
     // tile starts the K/V ring at slot 0 (key tile `it` in slot it % STAGES),
@@ -512,6 +553,9 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         // Producer: one thread issues every copy; the others only give their registers back.
         regs_release<24>();
         if (tid == 0) {
+#ifdef ATTNFORGE_TRACE
+            Tracer tr = tracer_for(0);
+#endif
             tma_prefetch_map(&tq);
             tma_prefetch_map(&tk);
             tma_prefetch_map(&tv);
@@ -520,10 +564,12 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             TILE_LOOP_BEGIN
                 const Tile w = tile_at<WALK>(p, tile);
                 if (w.n_tiles <= 0) continue;
+                TRACE(EV_TILE | tile << 8);
                 // Coordinates (column, row, head, batch); THD rows are token indices.
                 const int bq = IS_THD ? 0 : w.b;
                 // Q of the previous tile is free once its last S is computed.
                 if (q_loads > 0) mbar_wait(q_empty, (q_loads - 1) & 1);
+                TRACE(EV_P_Q_FREE);
                 mbar_arrive_expect_tx(bar_q, Q_BYTES);
 #pragma unroll
                 for (int c = 0; c < QK_CHUNKS; ++c)
@@ -546,6 +592,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
 #pragma unroll
                     for (int c = 0; c < QK_CHUNKS; ++c)
                         tma_load_4d(sK + s * K_BYTES + c * BLOCK_N * 128, &tk, k_full(s), c * 64, row, w.hk, bq);
+                    TRACE(EV_P_K_ISSUED | it << 8);
                 };
                 auto load_v = [&](int it) {
                     const int s = it % STAGES;
@@ -555,6 +602,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
 #pragma unroll
                     for (int c = 0; c < V_CHUNKS; ++c)
                         tma_load_4d(sV + s * V_BYTES + c * BLOCK_N * 128, &tv, v_full(s), c * 64, row, w.hk, bq);
+                    TRACE(EV_P_V_ISSUED | it << 8);
                 };
                 load_k(0);
                 for (int it = 0; it < w.n_tiles; ++it) {
@@ -573,6 +621,9 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     const int cw = __shfl_sync(0xffffffffu, wg, 0) - 1;   // warp-uniform (lets ptxas use uniform registers)
     const int warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const unsigned q_rows = sQ + cw * 64 * 128;          // this warpgroup's 64 rows in each chunk
+#ifdef ATTNFORGE_TRACE
+    Tracer tr = tid % 128 == 0 ? tracer_for(1 + cw) : Tracer{};
+#endif
 
     // Ping-pong: a warpgroup issues its GEMMs only in its turn (named barrier
     // 1 + cw, 128 arriving + 128 waiting) and then passes the turn to the
@@ -598,6 +649,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     TILE_LOOP_BEGIN
         const Tile w = tile_at<WALK>(p, tile);
         if (w.n_tiles < 0) continue;
+        TRACE(EV_TILE | tile << 8);
         const int n_tiles = w.n_tiles;
         const RowWindow win(w.sq, w.sk, p.window_left, p.window_right);
         const int last_row = min(w.m0 + BLOCK_M, w.sq) - 1;
@@ -689,6 +741,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         };
 
         if (n_tiles > 0) mbar_wait(bar_q, q_loads & 1);
+        TRACE(EV_Q_READY);
 
 
         if (n_tiles > 0 && cw == CONSUMERS - 1) named_bar_arrive(1, 256);
@@ -698,29 +751,39 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         // softmax as the P V product finishes.
         if (n_tiles > 0) {
             mbar_wait(k_full(slot(0)), phase(0));
+            TRACE(EV_K_READY);
             take_turn();
+            TRACE(EV_TURN);
             wgmma_fence();
             issue_qk(slot(0));
             pass_turn(false);
             wgmma_wait<0>();
+            TRACE(EV_S_DONE);
             release_k(0);
             float alpha[2];
             softmax_tile(w.n_begin, alpha);              // O is still zero: alpha unused
             pack_p();
+            TRACE(EV_SOFTMAX_DONE);
         }
         for (int it = 1; it < n_tiles; ++it) {
             mbar_wait(k_full(slot(it)), phase(it));
+            TRACE(EV_K_READY | it << 8);
             mbar_wait(v_full(slot(it - 1)), phase(it - 1));
+            TRACE(EV_V_READY | it << 8);
             take_turn();
+            TRACE(EV_TURN | it << 8);
             wgmma_fence();
             issue_qk(slot(it));
             issue_pv(slot(it - 1));
             pass_turn(false);
             wgmma_wait<1>();                             // S(it) ready; P V may still run
+            TRACE(EV_S_DONE | it << 8);
             release_k(it);
             float alpha[2];
             softmax_tile(w.n_begin + it * BLOCK_N, alpha);
+            TRACE(EV_SOFTMAX_DONE | it << 8);
             wgmma_wait<0>();                             // P(it-1) V(it-1) done
+            TRACE(EV_PV_DONE | it << 8);
             release_v(it - 1);
             rescale_o(alpha);
             pack_p();
@@ -728,11 +791,14 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         if (n_tiles > 0) {
             release_q();                                 // every S of this tile is done
             mbar_wait(v_full(slot(n_tiles - 1)), phase(n_tiles - 1));
+            TRACE(EV_V_READY | n_tiles << 8);
             take_turn();
+            TRACE(EV_TURN | n_tiles << 8);
             wgmma_fence();
             issue_pv(slot(n_tiles - 1));
             pass_turn(true);
             wgmma_wait<0>();
+            TRACE(EV_PV_DONE | n_tiles << 8);
             release_v(n_tiles - 1);
         }
 
@@ -760,7 +826,15 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
                 if (t == 0 && gL != nullptr) gL[i] = l > 0.f ? (row_max[0][r] + fast_log2(l)) * 0.6931471805599453f : NEG_INF;
             }
         }
+        TRACE(EV_EPI_DONE);
     TILE_LOOP_END
+#ifdef ATTNFORGE_TRACE
+    if (tid % 128 == 0 && block_linear() < TRACE_GRID) {
+        unsigned long long now;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        atomicMax(&attnforge_trace_grid[3 * block_linear() + 2], now);
+    }
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
