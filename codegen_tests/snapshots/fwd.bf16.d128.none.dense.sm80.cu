@@ -105,6 +105,25 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x;
 }
 
+// Transpose a 4 x 4 matrix of 32-bit values held one row per lane by the
+// four lanes of a quad (lane t of the quad holds row t in v[0..3]): after
+// it, lane t holds column t, v[k] = the old v[t] of lane k. Two butterfly
+// rounds of two shuffles each: first the off-diagonal 2 x 2 blocks change
+// places (lanes t and t ^ 2), then each 2 x 2 block is transposed (lanes t
+// and t ^ 1). Every lane of the warp must take part.
+__device__ __forceinline__ void quad_transpose(unsigned (&v)[4], int t) {
+    const bool hi2 = t & 2, hi1 = t & 1;
+    unsigned a = hi2 ? v[0] : v[2], b = hi2 ? v[1] : v[3];
+    a = __shfl_xor_sync(0xffffffffu, a, 2);
+    b = __shfl_xor_sync(0xffffffffu, b, 2);
+    if (hi2) { v[0] = a; v[1] = b; } else { v[2] = a; v[3] = b; }
+    a = hi1 ? v[0] : v[1];
+    b = hi1 ? v[2] : v[3];
+    a = __shfl_xor_sync(0xffffffffu, a, 1);
+    b = __shfl_xor_sync(0xffffffffu, b, 1);
+    if (hi1) { v[0] = a; v[2] = b; } else { v[1] = a; v[3] = b; }
+}
+
 #define NEG_INF (__int_as_float(0xff800000))
 
 // ---- common/mask.cuh: which keys a query row sees ------------------------------
