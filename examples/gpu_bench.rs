@@ -163,9 +163,10 @@ fn time_back_to_back_ms(mut f: impl FnMut(), iters: usize, reps: usize) -> f64 {
 /// " (walk)" or " (one tile)" where the kernel has both entries: the one the
 /// launcher takes for `fa`; empty otherwise.
 fn entry_of(lk: &launch::LoadedKernel, fa: &FwdArgs) -> &'static str {
-    match (lk.has_walk(), lk.walks(fa)) {
-        (true, Ok(true)) => " (walk)",
-        (true, _) => " (one tile)",
+    match (lk.has_walk(), lk.walks(fa), lk.pairs(fa)) {
+        (true, Ok(true), _) => " (walk)",
+        (true, _, Ok(true)) => " (one tile, pairs)",
+        (true, _, _) => " (one tile)",
         _ => "",
     }
 }
@@ -293,6 +294,7 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
         persistent: true,
         consumers,
         head_major: true,
+        cluster: true,
     };
     let alternatives: &[(usize, Vec<Sm90aFwdTiles>)] = &[
         (64, vec![consumers(2, 192, 3), consumers(3, 112, 3)]),
@@ -301,8 +303,22 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
             vec![consumers(2, 160, 2), consumers(2, 176, 2), consumers(2, 128, 2)],
         ),
     ];
+    // ATTNFORGE_TUNE90_D / _S: comma lists narrowing the head dims and lengths.
+    let list = |var: &str, all: &[usize]| -> Vec<usize> {
+        std::env::var(var)
+            .ok()
+            .map(|v| {
+                v.split(',')
+                    .filter_map(|x| x.trim().parse().ok())
+                    .collect::<Vec<usize>>()
+            })
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| all.to_vec())
+    };
+    let dims = list("ATTNFORGE_TUNE90_D", &[64, 128, 256]);
+    let lens = list("ATTNFORGE_TUNE90_S", &[512, 2048, 8192, 16384]);
     let mut built = Vec::new();
-    for d in [64usize, 128, 256] {
+    for &d in &dims {
         for causal in [false, true] {
             let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
             let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, Arch::Sm90a);
@@ -321,6 +337,12 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                     ..base
                 },
             ];
+            // The clusters-of-two option (K/V multicast) where the spec takes
+            // it: its one-tile entry is timed as pairs and alone.
+            let pairs = Sm90aFwdTiles { cluster: true, ..base };
+            if plan_fwd_sm90a_with(&spec, pairs).cluster_m > 1 {
+                tiles.push(pairs);
+            }
             for (ad, vs) in alternatives {
                 if *ad == d {
                     tiles.extend(vs.iter().filter(|t| !tiles.contains(t)).copied().collect::<Vec<_>>());
@@ -367,8 +389,8 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
     // so timing each variant once after its own setup favours whichever
     // comes first.
     const ROUNDS: usize = 3;
-    for s in [512usize, 2048, 8192, 16384] {
-        for d in [64usize, 128, 256] {
+    for &s in &lens {
+        for &d in &dims {
             let h = 2048 / d;
             let b = 16384 / s;
             let n = b * h * s * d;
@@ -386,18 +408,31 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
             for (_, causal, tiles, k) in built.iter().filter(|x| x.0 == d) {
                 let lk = launch::load(k).expect("load");
                 let walks = lk.walks(&fa).expect("checked call");
-                let mut grids = vec![("tiles", launch::ONE_TILE)];
+                // One tile per block (as clusters of two where the plan and
+                // the problem allow, and then also every block alone), and
+                // the walk.
+                let pairs = lk.pairs(&fa).expect("checked call");
+                let mut grids = vec![(if pairs { "tiles (pairs)" } else { "tiles" }, launch::ONE_TILE)];
+                if pairs {
+                    grids.push(("tiles alone", launch::ONE_TILE));
+                }
                 if lk.has_walk() {
                     grids.push(("walk", lk.resident_blocks()));
                 }
                 for (grid, cap) in grids {
-                    runs.push((*causal, *tiles, k, lk.clone(), grid, cap, (grid == "walk") == walks));
+                    let rule = if walks {
+                        grid == "walk"
+                    } else {
+                        grid.starts_with("tiles") && grid != "tiles alone"
+                    };
+                    runs.push((*causal, *tiles, k, lk.clone(), grid, cap, rule));
                 }
             }
             let mut figures = vec![Vec::new(); runs.len()];
             for _ in 0..ROUNDS {
-                for (i, (causal, _, _, lk, _, cap, _)) in runs.iter().enumerate() {
+                for (i, (causal, _, _, lk, grid, cap, _)) in runs.iter().enumerate() {
                     lk.set_persistent_grid(*cap);
+                    lk.set_clusters(*grid != "tiles alone");
                     // SAFETY: buffers sized for the problem.
                     let ms = time_ms(
                         || unsafe { launch::launch_fwd(lk, &fa, std::ptr::null_mut()).expect("launch") },
@@ -405,6 +440,7 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                         25.0,
                     );
                     lk.set_persistent_grid(0);
+                    lk.set_clusters(true);
                     figures[i].push(4.0 * (b * h * s * s * d) as f64 * if *causal { 0.5 } else { 1.0 } / ms / 1e9);
                 }
             }

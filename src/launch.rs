@@ -22,7 +22,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{result, sys};
@@ -510,6 +510,9 @@ pub struct LoadedKernel {
     /// An explicit block cap that makes every launch walk; 0 = the
     /// launcher's rule ([`crate::plan::sm90a_walk_pays`]).
     persistent_grid: AtomicU32,
+    /// Whether one-tile launches of a `cluster_m` 2 plan go as clusters of
+    /// two where they can ([`cluster_grid`]); on unless a test turns it off.
+    clusters: AtomicBool,
 }
 
 impl LoadedKernel {
@@ -539,16 +542,36 @@ impl LoadedKernel {
         })
     }
 
-    /// The function and grid a checked call with one-tile grid `one_tile`
-    /// launches: the walk entry where [`walk_grid`] says so, else the plan's
-    /// entry on `one_tile`.
-    fn entry(&self, p: &FwdProblem, one_tile: (u32, u32, u32)) -> (sys::CUfunction, (u32, u32, u32)) {
+    /// Whether a launch with `args` would run as clusters of two blocks
+    /// (see [`cluster_grid`]; `false` for an empty problem).
+    pub fn pairs(&self, args: &FwdArgs) -> Result<bool, LaunchError> {
+        Ok(match check_fwd(&self.plan, args)? {
+            Some((_, dims)) => self.entry(&args.problem, dims.grid).2 > 1,
+            None => false,
+        })
+    }
+
+    /// Let one-tile launches of a `cluster_m` 2 plan run as clusters of two
+    /// (the default) or keep every block alone (tests check both paths of
+    /// the same entry).
+    pub fn set_clusters(&self, on: bool) {
+        self.clusters.store(on, Ordering::Relaxed);
+    }
+
+    /// The function, grid and cluster width that a checked call with
+    /// one-tile grid `one_tile` launches: the walk entry where
+    /// [`walk_grid`] says so, else the plan's entry, as clusters of two
+    /// where [`cluster_grid`] allows, else on `one_tile`.
+    fn entry(&self, p: &FwdProblem, one_tile: (u32, u32, u32)) -> (sys::CUfunction, (u32, u32, u32), u32) {
         match (
             self.walk,
             walk_grid(&self.plan, p, one_tile, self.persistent_grid(), self.resident),
         ) {
-            (Some(walk), Some(grid)) => (walk, grid),
-            _ => (self.func, one_tile),
+            (Some(walk), Some(grid)) => (walk, grid, 1),
+            _ => match cluster_grid(&self.plan, one_tile) {
+                Some(grid) if self.clusters.load(Ordering::Relaxed) => (self.func, grid, 2),
+                _ => (self.func, one_tile, 1),
+            },
         }
     }
 
@@ -690,6 +713,7 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
             walk,
             resident: resident.clamp(1, MAX_PERSISTENT_GRID),
             persistent_grid: AtomicU32::new(0),
+            clusters: AtomicBool::new(true),
         }
     };
     let loaded = Arc::new(loaded);
@@ -748,6 +772,20 @@ pub fn walk_grid(
     Some((tiles.min(cap.clamp(1, MAX_PERSISTENT_GRID) as u64) as u32, 1, 1))
 }
 
+/// The grid of a one-tile launch as clusters of two blocks: a `cluster_m` 2
+/// plan (dense, no mask: every query block of a head sees the same key
+/// tiles) whose heads have an even number of query blocks, so that the
+/// blocks 2c and 2c + 1 of a one-dimensional grid over the tiles in
+/// head-major order are adjacent query blocks of one head. `None`: launch
+/// `one_tile` (batch x heads, query blocks) as it is.
+pub fn cluster_grid(plan: &KernelPlan, one_tile: (u32, u32, u32)) -> Option<(u32, u32, u32)> {
+    if plan.template != Template::FwdSm90a || plan.cluster_m != 2 || !plan.head_major || !one_tile.1.is_multiple_of(2) {
+        return None;
+    }
+    let tiles = one_tile.0 as u64 * one_tile.1 as u64 * one_tile.2 as u64;
+    (tiles <= MAX_PERSISTENT_TILES && one_tile.2 == 1).then_some((tiles as u32, 1, 1))
+}
+
 /// Check the arguments and launch the forward kernel on `stream`.
 ///
 /// # Safety
@@ -758,7 +796,7 @@ pub unsafe fn launch_fwd(k: &LoadedKernel, args: &FwdArgs, stream: sys::CUstream
     let Some((mut params, mut dims)) = check_fwd(&k.plan, args)? else {
         return Ok(());
     };
-    let (func, grid) = k.entry(&args.problem, dims.grid);
+    let (func, grid, cluster) = k.entry(&args.problem, dims.grid);
     dims.grid = grid;
     // The sm90a forward takes its Q/K/V tensor maps after the parameter block.
     let (mut maps, n) = if k.plan.template == Template::FwdSm90a {
@@ -773,8 +811,44 @@ pub unsafe fn launch_fwd(k: &LoadedKernel, args: &FwdArgs, stream: sys::CUstream
         tk as *mut sys::CUtensorMap as *mut c_void,
         tv as *mut sys::CUtensorMap as *mut c_void,
     ];
+    if cluster > 1 {
+        return launch_clusters(func, dims, cluster, stream, &mut kp[..n]);
+    }
     result::launch_kernel(func, dims.grid, dims.block, dims.smem, stream, &mut kp[..n])
         .map_err(driver_err("cuLaunchKernel"))
+}
+
+/// cuLaunchKernelEx with a cluster dimension of `cluster` blocks along x.
+///
+/// # Safety
+/// As [`result::launch_kernel`]: `params` must match the kernel's parameters.
+unsafe fn launch_clusters(
+    func: sys::CUfunction,
+    dims: LaunchDims,
+    cluster: u32,
+    stream: sys::CUstream,
+    params: &mut [*mut c_void],
+) -> Result<(), LaunchError> {
+    let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = cluster;
+    attr.value.clusterDim.y = 1;
+    attr.value.clusterDim.z = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: dims.grid.0,
+        gridDimY: dims.grid.1,
+        gridDimZ: dims.grid.2,
+        blockDimX: dims.block.0,
+        blockDimY: dims.block.1,
+        blockDimZ: dims.block.2,
+        sharedMemBytes: dims.smem,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    sys::cuLaunchKernelEx(&config, func, params.as_mut_ptr(), std::ptr::null_mut())
+        .result()
+        .map_err(driver_err("cuLaunchKernelEx"))
 }
 
 impl LoadedKernel {
@@ -928,6 +1002,67 @@ mod tests {
 
     fn p(mask: Mask, layout: Layout) -> KernelPlan {
         plan(&AttnSpec::fwd(DType::Bf16, 128, mask, layout, Arch::Sm80)).unwrap()
+    }
+
+    #[test]
+    fn sm90a_clusters_of_two_pair_adjacent_query_blocks_of_one_head() {
+        use crate::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
+        let spec = AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Dense, Arch::Sm90a);
+        // An option (measured slower): the planner's plan runs alone and
+        // leaves cluster_m out of its JSON.
+        let alone = plan(&spec).unwrap();
+        assert_eq!(alone.cluster_m, 1);
+        assert!(!serde_json::to_string(&alone).unwrap().contains("cluster_m"));
+        let with = |s: &AttnSpec| {
+            plan_fwd_sm90a_with(
+                s,
+                Sm90aFwdTiles {
+                    cluster: true,
+                    ..default_sm90a_tiles(s)
+                },
+            )
+        };
+        let pl = with(&spec);
+        assert_eq!(pl.cluster_m, 2, "{pl}");
+        assert!(pl.reasons.iter().any(|r| r.contains("clusters of 2")));
+        assert!(serde_json::to_string(&pl).unwrap().contains("\"cluster_m\":2"));
+        // Even query blocks per head: a 1-D grid over the tiles, pairs (2c, 2c + 1).
+        let a = dense_args(2, 8, 2, 1000, 700, 128);
+        let (_, dims) = check_fwd(&pl, &a).unwrap().unwrap();
+        assert_eq!(dims.grid, (16, 8, 1));
+        assert_eq!(cluster_grid(&pl, dims.grid), Some((128, 1, 1)));
+        assert_eq!(cluster_grid(&alone, dims.grid), None);
+        // Odd query blocks: the blocks run alone on the usual grid.
+        let odd = dense_args(2, 8, 2, 300, 700, 128);
+        let (_, dims) = check_fwd(&pl, &odd).unwrap().unwrap();
+        assert_eq!((dims.grid.1, cluster_grid(&pl, dims.grid)), (3, None));
+        // Specs that cannot pair: a mask (tiles of one head see different
+        // keys), ragged, one 64-column chunk (d64); and the query-block-major order.
+        for s in [
+            AttnSpec::fwd(DType::Bf16, 128, Mask::CausalBottomRight, Layout::Dense, Arch::Sm90a),
+            AttnSpec::fwd(DType::Bf16, 128, Mask::SlidingWindow, Layout::Dense, Arch::Sm90a),
+            AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Thd, Arch::Sm90a),
+            AttnSpec::fwd(DType::Bf16, 64, Mask::None, Layout::Dense, Arch::Sm90a),
+        ] {
+            let p = with(&s);
+            assert_eq!(p.cluster_m, 1, "{s}");
+            assert_eq!(cluster_grid(&p, (16, 8, 1)), None, "{s}");
+        }
+        let qbm = Sm90aFwdTiles {
+            head_major: false,
+            cluster: true,
+            ..default_sm90a_tiles(&spec)
+        };
+        assert_eq!(cluster_grid(&plan_fwd_sm90a_with(&spec, qbm), (16, 8, 1)), None);
+        // d256 and (192, 128): two or more chunks of K and of V.
+        for (dqk, dv) in [(256, 256), (192, 128), (96, 96)] {
+            let s = AttnSpec {
+                head_dim_qk: dqk,
+                head_dim_v: dv,
+                ..spec
+            };
+            assert_eq!(with(&s).cluster_m, 2, "{s}");
+        }
     }
 
     #[test]

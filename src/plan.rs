@@ -117,10 +117,25 @@ pub struct KernelPlan {
     /// from sm80 forward plans.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub head_major: bool,
+    /// sm90a forward only: 2 = the one-tile entry can run as clusters of two
+    /// blocks on adjacent query blocks of one head, each block loading half
+    /// of every K/V tile (its 64-column chunks of one parity) and
+    /// multicasting it to both, so each K/V byte read from L2 feeds 256
+    /// query rows (the launcher takes it when a head's query blocks pair up;
+    /// the same entry runs alone otherwise). 1 elsewhere (absent from JSON).
+    #[serde(default = "one_u32", skip_serializing_if = "is_one_u32")]
+    pub cluster_m: u32,
     /// Backward plans only: the tiles of the backward kernels (the fields
     /// above describe its main kernel). Absent from forward plans' JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bwd: Option<plan_bwd::BwdPlan>,
+}
+
+fn one_u32() -> u32 {
+    1
+}
+fn is_one_u32(x: &u32) -> bool {
+    *x == 1
 }
 
 impl KernelPlan {
@@ -277,6 +292,7 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
         consumer_pipelined: false,
         pingpong: false,
         head_major: false,
+        cluster_m: 1,
         bwd: None,
     }
 }
@@ -346,6 +362,11 @@ pub struct Sm90aFwdTiles {
     pub consumers: u32,
     /// Head-major tile order (see [`KernelPlan::head_major`]).
     pub head_major: bool,
+    /// K/V multicast across a cluster of two blocks (see
+    /// [`KernelPlan::cluster_m`]): dense, no mask, at least two 64-column
+    /// chunks of K and of V (d > 64); ignored elsewhere. Off by default
+    /// (measured slower, docs/kernels.md).
+    pub cluster: bool,
 }
 
 /// The planner's choice of [`Sm90aFwdTiles`] for a spec (before the
@@ -397,6 +418,10 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
         persistent: true,
         consumers,
         head_major: true,
+        // Measured on the H200 (session 11, same process, pairs against the
+        // same entry with every block alone): -2..-6% at d128/d256 2k and 8k
+        // without a mask, so an option only.
+        cluster: false,
     }
 }
 
@@ -431,7 +456,16 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         persistent,
         consumers,
         head_major,
+        cluster,
     } = tiles;
+    // Pairs must see the same key tiles (no mask, dense) and split each K/V
+    // tile by 64-column chunks (two or more of each).
+    let cluster_m =
+        if cluster && spec.mask == Mask::None && spec.layout == Layout::Dense && qk_chunks >= 2 && v_chunks >= 2 {
+            2
+        } else {
+            1
+        };
     let consumers = consumers.clamp(2, 3);
     let block_m = 64 * consumers;
     let consumer_regs = sm90a_consumer_regs(consumers);
@@ -480,6 +514,13 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
     } else {
         "query-block-major tile order: every head of the last query block first (longest causal tiles first)".into()
     });
+    if cluster_m == 2 {
+        reasons.push(
+            "one tile per block as clusters of 2 where a head's query blocks pair up: each block loads half of every \
+             K/V tile and multicasts it to both (TMA multicast), halving the L2 reads per FLOP"
+                .into(),
+        );
+    }
     KernelPlan {
         spec: *spec,
         template: Template::FwdSm90a,
@@ -506,6 +547,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         consumer_pipelined,
         pingpong,
         head_major,
+        cluster_m,
         bwd: None,
     }
 }

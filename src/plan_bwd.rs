@@ -478,6 +478,7 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
         consumer_pipelined: false,
         pingpong: false,
         head_major: true,
+        cluster_m: 1,
         bwd: Some(bwd),
     })
 }
@@ -634,6 +635,7 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<Ker
         consumer_pipelined: false,
         pingpong: false,
         head_major: true,
+        cluster_m: 1,
         bwd: Some(bwd),
     })
 }

@@ -131,6 +131,7 @@ struct FwdSm90aContext {
     pingpong: bool,
     persistent: bool,
     head_major: bool,
+    cluster_m: u32,
 }
 
 /// The values the backward template sees (see `plan::plan_bwd` for the tiles).
@@ -313,6 +314,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
             pingpong: plan.pingpong,
             persistent: plan.grid == crate::plan::GridRule::TilesOrWalk,
             head_major: plan.head_major,
+            cluster_m: plan.cluster_m,
         })
         .map_err(ctx_err)?,
         (Template::FwdSm80, _) => Context::from_serialize(FwdContext {

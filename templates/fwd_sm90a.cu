@@ -29,6 +29,8 @@ constexpr int QK_KSTEPS = {{ qk_ksteps }};           // 16-wide k-steps of S = Q
 constexpr int MASK_KIND = {{ mask_kind }};
 constexpr bool IS_THD = {{ is_thd }};
 constexpr bool SOFTCAP = {{ softcap }};
+// Clusters of two on the one-tile entry (plan's cluster_m; see `pair` below).
+constexpr int CLUSTER_M = {{ cluster_m }};
 
 // The work-tile loop of both entries (WALK, a template parameter of the
 // kernel body): the walk takes rounds of gridDim.x tiles (in round r block i
@@ -215,6 +217,20 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     const int tid = threadIdx.x;
     // The launcher keeps tiles + gridDim.x within int range.
     const int total_tiles = p.batch * p.heads_q * p.num_m_blocks;
+    // A pair: the one-tile entry launched as clusters of two blocks, which
+    // the launcher does only where both blocks of a cluster are adjacent
+    // query blocks of one head (no mask, dense: the same key tiles). Each
+    // block's producer loads the 64-column chunks of its parity of every K
+    // and V tile and multicasts them to both blocks; a slot is refilled once
+    // the consumers of both blocks have released it (each consumer warp
+    // arrives on its own block's and on the peer's empty barrier). Q and the
+    // epilogue stay per block. Launched alone, the same entry runs as usual.
+    bool pair = false;
+    unsigned rank = 0;
+    if constexpr (CLUSTER_M > 1 && !WALK) {
+        pair = cluster_nctarank() == 2;
+        rank = cluster_ctarank();
+    }
 
     if (tid == 0) {
         mbar_init(bar_q, 1);
@@ -222,12 +238,14 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(k_full(s), 1);
             mbar_init(v_full(s), 1);
-            mbar_init(k_empty(s), 4 * CONSUMERS);
-            mbar_init(v_empty(s), 4 * CONSUMERS);
+            mbar_init(k_empty(s), 4 * CONSUMERS * (pair ? 2 : 1));
+            mbar_init(v_empty(s), 4 * CONSUMERS * (pair ? 2 : 1));
         }
         fence_barrier_init();
     }
-    __syncthreads();
+    // A pair's barriers must be initialized in both blocks before either
+    // multicasts or arrives remotely.
+    if (pair) cluster_sync(); else __syncthreads();
 #ifdef ATTNFORGE_TRACE
     if (tid == 0 && block_linear() < TRACE_GRID) {
         unsigned sm;
@@ -279,8 +297,18 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
                 // Fill number u of slot s in this tile: wait until the
                 // consumers have released the slot's previous fill.
                 auto wait_free = [&](unsigned empty, int s, int u) {
-                    if (u > 0 || ((ring_used >> s) & 1u))
-                        mbar_wait(empty, ((ring_par >> s) ^ (unsigned)u ^ 1u) & 1u);
+                    if (u > 0 || ((ring_used >> s) & 1u)) {
+                        const unsigned parity = ((ring_par >> s) ^ (unsigned)u ^ 1u) & 1u;
+                        mbar_wait(empty, parity);
+                    }
+                };
+                // Chunk c of a K/V tile: this block's own, or in a pair every
+                // other chunk for both blocks.
+                auto load_chunk = [&](unsigned dst, const TmaMap* map, unsigned bar, int c, int row) {
+                    if (!pair)
+                        tma_load_4d(dst, map, bar, c * 64, row, w.hk, bq);
+                    else if ((unsigned)(c & 1) == rank)
+                        tma_load_4d_multicast(dst, map, bar, c * 64, row, w.hk, bq, (unsigned short)0x3);
                 };
                 auto load_k = [&](int it) {
                     const int s = it % STAGES;
@@ -289,7 +317,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
                     mbar_arrive_expect_tx(k_full(s), K_BYTES);
 #pragma unroll
                     for (int c = 0; c < QK_CHUNKS; ++c)
-                        tma_load_4d(sK + s * K_BYTES + c * BLOCK_N * 128, &tk, k_full(s), c * 64, row, w.hk, bq);
+                        load_chunk(sK + s * K_BYTES + c * BLOCK_N * 128, &tk, k_full(s), c, row);
                     TRACE(EV_P_K_ISSUED | it << 8);
                 };
                 auto load_v = [&](int it) {
@@ -299,7 +327,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
                     mbar_arrive_expect_tx(v_full(s), V_BYTES);
 #pragma unroll
                     for (int c = 0; c < V_CHUNKS; ++c)
-                        tma_load_4d(sV + s * V_BYTES + c * BLOCK_N * 128, &tv, v_full(s), c * 64, row, w.hk, bq);
+                        load_chunk(sV + s * V_BYTES + c * BLOCK_N * 128, &tv, v_full(s), c, row);
                     TRACE(EV_P_V_ISSUED | it << 8);
                 };
                 load_k(0);
@@ -311,6 +339,9 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
                 ring_used |= ring_touched(w.n_tiles);
             TILE_LOOP_END
         }
+        // Neither block of a pair leaves while the other may still arrive
+        // on its barriers.
+        if (pair) cluster_sync();
         return;
     }
 
@@ -430,7 +461,11 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         // This warp is done with K (V) of key tile `it`, or with Q.
         auto release_k = [&](int it) {
             __syncwarp();
-            if (lane == 0) mbar_arrive(k_empty(slot(it)));
+            if (!pair) {
+                if (lane == 0) mbar_arrive(k_empty(slot(it)));
+            } else if (lane < 2) {
+                mbar_arrive_cluster(k_empty(slot(it)), rank ^ lane);   // lane 0 here, lane 1 on the peer
+            }
         };
         auto release_q = [&]() {
             __syncwarp();
@@ -438,7 +473,11 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         };
         auto release_v = [&](int it) {
             __syncwarp();
-            if (lane == 0) mbar_arrive(v_empty(slot(it)));
+            if (!pair) {
+                if (lane == 0) mbar_arrive(v_empty(slot(it)));
+            } else if (lane < 2) {
+                mbar_arrive_cluster(v_empty(slot(it)), rank ^ lane);
+            }
         };
 
         if (n_tiles > 0) mbar_wait(bar_q, q_loads & 1);
@@ -557,6 +596,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         }
         TRACE(EV_EPI_DONE);
     TILE_LOOP_END
+    if (pair) cluster_sync();
 #ifdef ATTNFORGE_TRACE
     if (tid % 128 == 0 && block_linear() < TRACE_GRID) {
         unsigned long long now;

@@ -45,6 +45,10 @@ fn cases() -> Vec<Case> {
         dense("fwd.f16.d64.causal-br.dense.softcap.sm80", 1, 4, 4, 127, 127).softcap(5.0),
         dense("fwd.bf16.d128.none.dense.sm90a", 2, 8, 1, 1000, 1000),
         dense("fwd.bf16.d128.causal-br.dense.sm90a", 1, 4, 4, 4097, 4097),
+        // Even query blocks: the one-tile entry runs as clusters of two (K/V
+        // multicast), also with three 64-column chunks split 2 + 1.
+        dense("fwd.bf16.d256.none.dense.sm90a", 1, 2, 2, 1000, 700),
+        dense("fwd.f16.d192v128.none.dense.sm90a", 1, 4, 2, 500, 517).mem(Mem::Bhsd),
         // The rest of the head-dim family (the head-dim group of the coverage matrix), odd sizes.
         dense("fwd.bf16.d32.causal-br.dense.sm80", 2, 4, 2, 300, 517),
         dense("fwd.f16.d96.none.dense.sm80", 1, 4, 4, 127, 1000).mem(Mem::Bhsd),
@@ -95,6 +99,8 @@ fn cases() -> Vec<Case> {
 }
 
 struct Outcome {
+    /// Launched as clusters of two blocks (K/V multicast).
+    pairs: bool,
     o_rel: f64,
     lse_max_abs: f64,
     problems: Vec<String>,
@@ -103,14 +109,26 @@ struct Outcome {
 /// The f64 reference of one case, per sequence: (O, LSE).
 type Refs = Vec<(Vec<f64>, Vec<f64>)>;
 
-/// Run one case on `kernel`; `grid_cap` chooses the entry of a kernel with a
+/// How a kernel with both sm90a entries is launched.
+#[derive(Clone, Copy)]
+enum Entry {
+    /// The launcher's rule.
+    Rule,
+    /// `LoadedKernel::set_persistent_grid(cap)`: the walk on at most `cap`
+    /// blocks, or `ONE_TILE`.
+    Cap(u32),
+    /// The one-tile entry with every block alone (no clusters of two).
+    Alone,
+}
+
+/// Run one case on `kernel`; `entry` chooses the entry of a kernel with a
 /// walk entry (`LoadedKernel::set_persistent_grid`, restored after the launch).
 /// The inputs come from `case_seed`, so every kernel of a case sees the same
 /// data and the f64 reference is computed once per case (`refs`).
 fn run_case(
     c: &Case,
     kernel: &attnforge::CompiledKernel,
-    grid_cap: Option<u32>,
+    entry: Entry,
     case_seed: u64,
     refs: &mut Option<Refs>,
 ) -> Outcome {
@@ -272,8 +290,13 @@ fn run_case(
         },
     };
     let loaded = launch::load(kernel).expect("load");
-    if let Some(cap) = grid_cap {
-        loaded.set_persistent_grid(cap);
+    match entry {
+        Entry::Rule => {}
+        Entry::Cap(cap) => loaded.set_persistent_grid(cap),
+        Entry::Alone => {
+            loaded.set_persistent_grid(launch::ONE_TILE);
+            loaded.set_clusters(false);
+        }
     }
     // Twice: with the LSE, then the same call without one (inference), which
     // must give O bitwise the same and leave the LSE buffer untouched.
@@ -286,11 +309,13 @@ fn run_case(
         let launched = unsafe { launch::launch_fwd(&loaded, a, std::ptr::null_mut()) };
         if launched.is_err() {
             loaded.set_persistent_grid(0);
+            loaded.set_clusters(true);
         }
         launched.expect("launch");
         // SAFETY: synchronize the context after the launch; a kernel fault surfaces here.
         unsafe { sys::cuCtxSynchronize() }.result().expect("kernel execution");
     };
+    let pairs = loaded.pairs(&args).expect("checked call");
     run(&args);
     let o_dev: Vec<u16> = o_buf.download(qkv_len[3]);
     let lse_dev: Vec<f32> = lse_buf.download(lse_len);
@@ -298,6 +323,7 @@ fn run_case(
     lse_buf.poison();
     run(&no_lse);
     loaded.set_persistent_grid(0);
+    loaded.set_clusters(true);
     drop(inputs);
     let mut problems = Vec::new();
     let o_again: Vec<u16> = o_buf.download(qkv_len[3]);
@@ -422,6 +448,7 @@ fn run_case(
     }
     let o_rel = if ref2 > 0.0 { (err2 / ref2).sqrt() } else { err2.sqrt() };
     Outcome {
+        pairs,
         o_rel,
         lse_max_abs,
         problems,
@@ -450,13 +477,13 @@ fn main() {
 /// (so that every block walks several work tiles, the suite's problems
 /// having fewer tiles than the device has SMs, and the ring and Q barriers
 /// carry across tiles) and the one-tile entry.
-fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel, Option<u32>)> {
+fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel, Entry)> {
     use attnforge::plan::{
         default_fwd_tiles, default_sm90a_tiles, plan_fwd_sm80_with, plan_fwd_sm90a_with, GridRule, Sm90aFwdTiles,
         Template,
     };
     let planned = attnforge::get_or_build(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
-    let mut v = vec![(planned.plan.template.file(), (*planned).clone(), None)];
+    let mut v = vec![(planned.plan.template.file(), (*planned).clone(), Entry::Rule)];
     let mut jobs = Vec::new();
     if planned.plan.template == Template::FwdSm90a {
         let base = default_sm90a_tiles(spec);
@@ -465,18 +492,34 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
             GridRule::TilesOrWalk,
             "{spec}: the planner's wgmma kernel has both entries"
         );
-        v.push(("fwd_sm90a.cu walk on 3 blocks", (*planned).clone(), Some(3)));
+        v.push(("fwd_sm90a.cu walk on 3 blocks", (*planned).clone(), Entry::Cap(3)));
         v.push((
             "fwd_sm90a.cu one tile per block",
             (*planned).clone(),
-            Some(launch::ONE_TILE),
+            Entry::Cap(launch::ONE_TILE),
         ));
         // The other tile order (query-block-major; the default is head-major).
         let tiles = Sm90aFwdTiles {
             head_major: !base.head_major,
             ..base
         };
-        jobs.push(("fwd_sm90a.cu query-block-major order", plan_fwd_sm90a_with(spec, tiles)));
+        jobs.push((
+            "fwd_sm90a.cu query-block-major order",
+            plan_fwd_sm90a_with(spec, tiles),
+            Entry::Rule,
+        ));
+        // The clusters-of-two option (K/V multicast; not the default) where
+        // the spec allows it: one tile per block as pairs where the query
+        // blocks pair up, and the same entry with every block alone.
+        let pairs = plan_fwd_sm90a_with(spec, Sm90aFwdTiles { cluster: true, ..base });
+        if pairs.cluster_m > 1 {
+            jobs.push((
+                "fwd_sm90a.cu clusters-of-two option",
+                pairs.clone(),
+                Entry::Cap(launch::ONE_TILE),
+            ));
+            jobs.push(("fwd_sm90a.cu clusters-of-two option, alone", pairs, Entry::Alone));
+        }
         // The other consumer count where both fit: 3 warpgroups up to d128
         // (default at d <= 64), 2 otherwise.
         let dmax = spec.head_dim_qk.max(spec.head_dim_v);
@@ -494,13 +537,18 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
                     ..base
                 }
             };
-            jobs.push(("fwd_sm90a.cu other consumer count", plan_fwd_sm90a_with(spec, tiles)));
+            jobs.push((
+                "fwd_sm90a.cu other consumer count",
+                plan_fwd_sm90a_with(spec, tiles),
+                Entry::Rule,
+            ));
         }
     }
     if planned.plan.template != Template::FwdSm80 {
         jobs.push((
             Template::FwdSm80.file(),
             plan_fwd_sm80_with(spec, default_fwd_tiles(spec)),
+            Entry::Rule,
         ));
     }
     // The other kernels compile in parallel (two entries each take NVRTC
@@ -508,10 +556,10 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
     let built: Vec<_> = std::thread::scope(|s| {
         let handles: Vec<_> = jobs
             .into_iter()
-            .map(|(name, plan)| {
+            .map(|(name, plan, entry)| {
                 s.spawn(move || {
                     let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} ({name}): {e}"));
-                    (name, k, None)
+                    (name, k, entry)
                 })
             })
             .collect();
@@ -550,13 +598,14 @@ fn gpu_forward_matches_f64_reference() {
         }
         let case_seed: u64 = rng.gen();
         let mut refs = None;
-        for (path, kernel, grid_cap) in kernels_for(&spec) {
-            let out = run_case(&c, &kernel, grid_cap, case_seed, &mut refs);
+        for (path, kernel, entry) in kernels_for(&spec) {
+            let out = run_case(&c, &kernel, entry, case_seed, &mut refs);
             let (ob, lb) = bounds(spec.dtype);
             let ok = out.o_rel <= ob && out.lse_max_abs <= lb && out.problems.is_empty();
             if !ok {
                 failed += 1;
             }
+            let pairs = if out.pairs { " (pairs)" } else { "" };
             let lens = if c.lens.len() > 3 {
                 format!("{:?}…", &c.lens[..3])
             } else {
@@ -564,9 +613,10 @@ fn gpu_forward_matches_f64_reference() {
             };
             let _ = writeln!(
                 table,
-                "| {} | {} | {} x {}/{} | {} | {:?} | {:?} | {} | {:.2e} | {:.1e} | {:.2e} | {} |",
+                "| {} | {}{} | {} x {}/{} | {} | {:?} | {:?} | {} | {:.2e} | {:.1e} | {:.2e} | {} |",
                 spec,
                 path,
+                pairs,
                 c.batch,
                 c.heads_q,
                 c.heads_kv,
@@ -584,10 +634,11 @@ fn gpu_forward_matches_f64_reference() {
                 }
             );
             println!(
-                "{} {} [{}] o_rel={:.2e} lse={:.2e} {:?}",
+                "{} {} [{}{}] o_rel={:.2e} lse={:.2e} {:?}",
                 if ok { "ok  " } else { "FAIL" },
                 spec,
                 path,
+                pairs,
                 out.o_rel,
                 out.lse_max_abs,
                 out.problems

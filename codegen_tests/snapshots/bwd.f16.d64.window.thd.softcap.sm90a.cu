@@ -202,6 +202,43 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaMap* map, uns
         : "memory");
 }
 
+// ---- clusters: the block's rank, the cluster's size, a cluster-wide barrier ----
+__device__ __forceinline__ unsigned cluster_ctarank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned cluster_nctarank() {
+    unsigned n;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+    return n;
+}
+// Every thread of every block in the cluster arrives, then waits for all.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// Arrive on the mbarrier at shared-memory offset `bar` of block `rank` of
+// the cluster (the executing block's own rank arrives locally).
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank) {
+    asm volatile(
+        "{\n .reg .b32 ra;\n"
+        " mapa.shared::cluster.u32 ra, %0, %1;\n"
+        " mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n"
+        :: "r"(bar), "r"(rank) : "memory");
+}
+// tma_load_4d into the same shared-memory offset of every block in
+// `cta_mask`, completing on the mbarrier at offset `bar` of each.
+__device__ __forceinline__ void tma_load_4d_multicast(unsigned dst, const TmaMap* map, unsigned bar,
+                                                      int c0, int c1, int c2, int c3, unsigned short cta_mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n"
+        :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar),
+           "h"(cta_mask)
+        : "memory");
+}
+
 // ---- wgmma ----
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
