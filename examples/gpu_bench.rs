@@ -462,14 +462,6 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
     }
 }
 
-/// Same-process A/B of forward cubins on the long cells (`--ab DIR`): the
-/// planner's module (one-tile entry), a module built with the one-tile entry
-/// alone, and each cubin that DIR holds for the spec (named
-/// `{spec}.c{consumers}.bn{block_n}.st{stages}.cubin`, e.g. from an earlier
-/// template's `ATTNFORGE_TUNE_CUBINS`), interleaved over rounds so that clock
-/// drift falls on all alike; the planner's module also on uniform(-1, 1)
-/// inputs instead of standard normal ones (the data's effect on power and
-/// clocks). Back-to-back timing, median of 5 x 10 launches per round.
 /// A tracing build's stamps of one role, up to the first empty slot:
 /// (event, index, SM clock bits 0..39).
 fn trace_stamps(slots: &[u64]) -> Vec<(u32, u32, u64)> {
@@ -690,6 +682,14 @@ fn trace90(rng: &mut rand::rngs::StdRng) {
     }
 }
 
+/// Same-process A/B of forward cubins on the long cells (`--ab DIR`): the
+/// planner's module (one-tile entry), a module built with the one-tile entry
+/// alone, and each cubin that DIR holds for the spec (named
+/// `{spec}.c{consumers}.bn{block_n}.st{stages}.cubin`, e.g. from an earlier
+/// template's `ATTNFORGE_TUNE_CUBINS`), interleaved over rounds so that clock
+/// drift falls on all alike; the planner's module also on uniform(-1, 1)
+/// inputs instead of standard normal ones (the data's effect on power and
+/// clocks). Back-to-back timing, median of 5 x 10 launches per round.
 fn ab(dir: &str, rng: &mut rand::rngs::StdRng) {
     use attnforge::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
     launch::ensure_context(0).expect("context");
