@@ -6,7 +6,7 @@
 //! d ∈ {64, 128, 256} × seqlen ∈ {512, 2k, 8k, 16k} × causal, batch·seqlen =
 //! 16k tokens, heads·d = 2048, bf16, BHSD; plus a ragged THD sweep.
 //!
-//! usage: gpu_bench [--quick] [OUT_JSON] | --tune | --tune90 | --trace90 | --ab DIR
+//! usage: gpu_bench [--quick] [OUT_JSON] | --tune | --tune90 | --trace90 | --trace80b | --ab DIR
 
 use std::time::Instant;
 
@@ -462,6 +462,140 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
     }
 }
 
+/// A traced launch's grid (`attnforge_trace_grid`: SM, start, end per
+/// block): the launch's span and, per SM, the share of it spent in blocks,
+/// between blocks (the next block's start after one's end) and after its
+/// last block.
+fn grid_summary(gr: &[u64]) -> String {
+    let blocks: Vec<(u64, u64, u64)> = gr
+        .chunks(3)
+        .filter(|c| c[1] != 0 && c[2] != 0)
+        .map(|c| (c[0], c[1], c[2]))
+        .collect();
+    let t0 = blocks.iter().map(|x| x.1).min().unwrap_or(0);
+    let t1 = blocks.iter().map(|x| x.2).max().unwrap_or(0);
+    let mut per_sm: std::collections::BTreeMap<u64, Vec<(u64, u64)>> = Default::default();
+    for &(sm, a, e) in &blocks {
+        per_sm.entry(sm).or_default().push((a, e));
+    }
+    let (mut gaps, mut tails, mut busy) = (0u64, 0u64, 0u64);
+    for v in per_sm.values_mut() {
+        v.sort();
+        for w in v.windows(2) {
+            gaps += w[1].0.saturating_sub(w[0].1);
+        }
+        tails += t1 - v.last().map(|x| x.1).unwrap_or(t1);
+        gaps += v.first().map(|x| x.0 - t0).unwrap_or(0);
+        busy += v.iter().map(|x| x.1 - x.0).sum::<u64>();
+    }
+    let span = (t1 - t0).max(1) as f64 * per_sm.len().max(1) as f64;
+    format!(
+        "traced launch {:.1} us over {} blocks on {} SMs; per SM: blocks busy {:.1}%, between blocks {:.1}%, idle at the end {:.1}%",
+        (t1 - t0) as f64 / 1e3,
+        blocks.len(),
+        per_sm.len(),
+        100.0 * busy as f64 / span,
+        100.0 * gaps as f64 / span,
+        100.0 * tails as f64 / span
+    )
+}
+
+/// Cycles per event kind over a role's stamps (an interval counts toward
+/// the event that ends it), and how often `per` occurred.
+fn trace_categories(stamps: &[(u32, u32, u64)], kinds: usize, per: u32) -> (Vec<u64>, usize) {
+    let mut sum = vec![0u64; kinds];
+    let mut count = 0;
+    for w in stamps.windows(2) {
+        let (e, dt) = (w[1].0 as usize, w[1].2.wrapping_sub(w[0].2) & ((1 << 40) - 1));
+        if e < kinds {
+            sum[e] += dt;
+        }
+        if w[1].0 == per {
+            count += 1;
+        }
+    }
+    (sum, count)
+}
+
+/// "name p%" for each category with time, as shares of the total.
+fn shares(sum: &[u64], names: &[&str]) -> String {
+    let total = sum.iter().sum::<u64>().max(1) as f64;
+    (1..sum.len().min(names.len()))
+        .filter(|&e| sum[e] > 0)
+        .map(|e| format!("{} {:.1}%", names[e], 100.0 * sum[e] as f64 / total))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The first `n` stamps as "event.index:cycles since the first".
+fn raw_events(stamps: &[(u32, u32, u64)], n: usize) -> String {
+    let Some(first) = stamps.first() else {
+        return String::new();
+    };
+    stamps
+        .iter()
+        .take(n)
+        .map(|(e, i, t)| {
+            let index = if *i > 0 { format!(".{i}") } else { String::new() };
+            format!("{e}{index}:{}", t.wrapping_sub(first.2) & ((1 << 40) - 1))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The planner's plan compiled with `ATTNFORGE_TRACE` defined (the
+/// templates' stamps; see templates/common/trace.cuh), outside the cache.
+fn tracing_build(plan: attnforge::KernelPlan) -> attnforge::CompiledKernel {
+    let mut rendered = attnforge::render::render(&plan).expect("render");
+    rendered.source = format!("#define ATTNFORGE_TRACE 1\n{}", rendered.source);
+    let nvrtc = attnforge::compile::Nvrtc::get().expect("nvrtc");
+    let (cubin, meta) = attnforge::jit::compile_plan(&plan, &rendered, nvrtc).expect("compile");
+    println!(
+        "tracing build of {}: block_m={} block_n={} regs={} spills={} B",
+        plan.spec,
+        plan.block_m,
+        plan.block_n,
+        meta.registers,
+        meta.spill_stores + meta.spill_loads
+    );
+    let key = attnforge::jit::cache_key(
+        &plan,
+        &rendered,
+        &nvrtc.version_string(),
+        &attnforge::jit::compile_options(&plan),
+    );
+    attnforge::CompiledKernel {
+        spec: plan.spec,
+        plan,
+        key,
+        cubin,
+        meta,
+        origin: attnforge::Origin::Compiled,
+    }
+}
+
+/// Zero a tracing build's buffers, run `launch` once, and read them back:
+/// (role stamps, grid).
+fn traced_run(lk: &launch::LoadedKernel, launch: impl FnOnce()) -> (Vec<u64>, Vec<u64>) {
+    let (tr, tr_bytes) = lk.global("attnforge_trace").expect("trace buffer");
+    let (grid, grid_bytes) = lk.global("attnforge_trace_grid").expect("grid buffer");
+    let mut ev = vec![0u64; tr_bytes / 8];
+    let mut gr = vec![0u64; grid_bytes / 8];
+    // SAFETY: the module's own globals, sized by the driver.
+    unsafe {
+        result::memset_d8_sync(tr, 0, tr_bytes).expect("memset");
+        result::memset_d8_sync(grid, 0, grid_bytes).expect("memset");
+    }
+    launch();
+    // SAFETY: as above, after the launch completed.
+    unsafe {
+        result::ctx::synchronize().expect("sync");
+        result::memcpy_dtoh_sync(&mut ev, tr).expect("dtoh");
+        result::memcpy_dtoh_sync(&mut gr, grid).expect("dtoh");
+    }
+    (ev, gr)
+}
+
 /// A tracing build's stamps of one role, up to the first empty slot:
 /// (event, index, SM clock bits 0..39).
 fn trace_stamps(slots: &[u64]) -> Vec<(u32, u32, u64)> {
@@ -504,35 +638,11 @@ fn trace90(rng: &mut rand::rngs::StdRng) {
     ] {
         let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
         let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, Arch::Sm90a);
-        let plan = plan_fwd_sm90a_with(&spec, default_sm90a_tiles(&spec));
-        let mut rendered = attnforge::render::render(&plan).expect("render");
-        rendered.source = format!("#define ATTNFORGE_TRACE 1\n{}", rendered.source);
-        let nvrtc = attnforge::compile::Nvrtc::get().expect("nvrtc");
-        let (cubin, meta) = attnforge::jit::compile_plan(&plan, &rendered, nvrtc).expect("compile");
-        println!(
-            "trace90 {spec}: bn={} regs={} spills={} B (tracing build)",
-            plan.block_n,
-            meta.registers,
-            meta.spill_stores + meta.spill_loads
-        );
-        let key = attnforge::jit::cache_key(
-            &plan,
-            &rendered,
-            &nvrtc.version_string(),
-            &attnforge::jit::compile_options(&plan),
-        );
         built.push((
             d,
             causal,
             s,
-            attnforge::CompiledKernel {
-                spec,
-                plan,
-                key,
-                cubin,
-                meta,
-                origin: attnforge::Origin::Compiled,
-            },
+            tracing_build(plan_fwd_sm90a_with(&spec, default_sm90a_tiles(&spec))),
         ));
     }
     if !launch::driver_available() {
@@ -553,8 +663,6 @@ fn trace90(rng: &mut rand::rngs::StdRng) {
         ];
         let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
         let lk = launch::load(k).expect("load");
-        let (tr, tr_bytes) = lk.global("attnforge_trace").expect("trace buffer");
-        let (grid, grid_bytes) = lk.global("attnforge_trace_grid").expect("grid buffer");
         for (entry, cap) in [("one tile", launch::ONE_TILE), ("walk", lk.resident_blocks())] {
             lk.set_persistent_grid(cap);
             // SAFETY: buffers sized for the problem; the trace buffers are the module's globals.
@@ -563,50 +671,15 @@ fn trace90(rng: &mut rand::rngs::StdRng) {
                 5.0,
                 20.0,
             );
-            let mut ev = vec![0u64; tr_bytes / 8];
-            let mut gr = vec![0u64; grid_bytes / 8];
-            unsafe {
-                result::memset_d8_sync(tr, 0, tr_bytes).expect("memset");
-                result::memset_d8_sync(grid, 0, grid_bytes).expect("memset");
-                launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch");
-                result::ctx::synchronize().expect("sync");
-                result::memcpy_dtoh_sync(&mut ev, tr).expect("dtoh");
-                result::memcpy_dtoh_sync(&mut gr, grid).expect("dtoh");
-            }
+            // SAFETY: as above.
+            let (ev, gr) = traced_run(&lk, || unsafe {
+                launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch")
+            });
             let flops = 4.0 * (b * h * s * s * d) as f64 * if *causal { 0.5 } else { 1.0 };
-            // Grid: blocks per SM, the kernel's span, and per SM the time
-            // between one block's end and the next one's start.
-            let blocks: Vec<(u64, u64, u64)> = gr
-                .chunks(3)
-                .filter(|c| c[1] != 0 && c[2] != 0)
-                .map(|c| (c[0], c[1], c[2]))
-                .collect();
-            let t0 = blocks.iter().map(|x| x.1).min().unwrap_or(0);
-            let t1 = blocks.iter().map(|x| x.2).max().unwrap_or(0);
-            let mut per_sm: std::collections::BTreeMap<u64, Vec<(u64, u64)>> = Default::default();
-            for &(sm, a, e) in &blocks {
-                per_sm.entry(sm).or_default().push((a, e));
-            }
-            let (mut gaps, mut tails, mut busy) = (0u64, 0u64, 0u64);
-            for v in per_sm.values_mut() {
-                v.sort();
-                for w in v.windows(2) {
-                    gaps += w[1].0.saturating_sub(w[0].1);
-                }
-                tails += t1 - v.last().map(|x| x.1).unwrap_or(t1);
-                gaps += v.first().map(|x| x.0 - t0).unwrap_or(0);
-                busy += v.iter().map(|x| x.1 - x.0).sum::<u64>();
-            }
-            let sms = per_sm.len().max(1) as f64;
             println!(
-                "trace90 d={d:<3} s={s:<5} causal={causal:<5} {entry:<8}: {:.1} TFLOP/s timed, traced launch {:.1} us over {} blocks on {} SMs; per SM: blocks busy {:.1}%, between blocks {:.1}%, idle at the end {:.1}%",
+                "trace90 d={d:<3} s={s:<5} causal={causal:<5} {entry:<8}: {:.1} TFLOP/s timed, {}",
                 flops / ms / 1e9,
-                (t1 - t0) as f64 / 1e3,
-                blocks.len(),
-                per_sm.len(),
-                100.0 * busy as f64 / sms / (t1 - t0).max(1) as f64,
-                100.0 * gaps as f64 / sms / (t1 - t0).max(1) as f64,
-                100.0 * tails as f64 / sms / (t1 - t0).max(1) as f64
+                grid_summary(&gr)
             );
             // Per block and consumer warpgroup: cycles per category, summed
             // over the block's tiles (an event's time counts toward the
@@ -618,66 +691,134 @@ fn trace90(rng: &mut rand::rngs::StdRng) {
                     if stamps.len() < 2 {
                         continue;
                     }
-                    let mut sum = [0u64; 10];
-                    let mut tiles = 0;
-                    for w in stamps.windows(2) {
-                        let (e, dt) = (w[1].0 as usize, w[1].2.wrapping_sub(w[0].2) & ((1 << 40) - 1));
-                        if e < sum.len() {
-                            sum[e] += dt;
-                        }
-                        if e == 1 {
-                            tiles += 1;
-                        }
-                    }
+                    let (sum, tiles) = trace_categories(&stamps, names.len(), 1);
                     let total: u64 = sum.iter().sum();
-                    let parts: Vec<String> = (1..sum.len())
-                        .filter(|&e| sum[e] > 0)
-                        .map(|e| format!("{} {:.1}%", names[e], 100.0 * sum[e] as f64 / total as f64))
-                        .collect();
                     println!(
                         "trace90   block {blk} warpgroup {}: {} tiles, {:.0} cycles per tile: {}",
                         role - 1,
                         tiles + 1,
                         total as f64 / (tiles + 1) as f64,
-                        parts.join(", ")
+                        shares(&sum, &names)
                     );
                 }
                 // The producer's first tiles: cycles from the tile start to
                 // Q free and to each issue.
                 let base = blk * ROLES * EVENTS;
                 let stamps = trace_stamps(&ev[base..base + EVENTS]);
-                let line: Vec<String> = stamps
-                    .iter()
-                    .take(40)
-                    .map(|(e, i, t)| {
-                        format!(
-                            "{}{}:{}",
-                            e,
-                            if *i > 0 { format!(".{i}") } else { String::new() },
-                            t.wrapping_sub(stamps[0].2) & ((1 << 40) - 1)
-                        )
-                    })
-                    .collect();
-                println!("trace90   block {blk} producer: {}", line.join(" "));
+                println!("trace90   block {blk} producer: {}", raw_events(&stamps, 40));
             }
             // The first consumer warpgroup's raw events of block 0 (event.index:cycles).
             let stamps = trace_stamps(&ev[EVENTS..2 * EVENTS]);
-            if let Some(first) = stamps.first() {
-                let line: Vec<String> = stamps
-                    .iter()
-                    .take(80)
-                    .map(|(e, i, t)| {
-                        format!(
-                            "{}{}:{}",
-                            e,
-                            if *i > 0 { format!(".{i}") } else { String::new() },
-                            t.wrapping_sub(first.2) & ((1 << 40) - 1)
-                        )
-                    })
-                    .collect();
-                println!("trace90   block 0 warpgroup 0 events: {}", line.join(" "));
-            }
+            println!("trace90   block 0 warpgroup 0 events: {}", raw_events(&stamps, 80));
             lk.set_persistent_grid(0);
+        }
+    }
+}
+
+/// Where the sm80-path backward's time goes (`--trace80b`): a tracing
+/// build of `bwd_sm80.cu` (lane 0 of every warp of the main kernel stamps
+/// each query tile's phases), launched once after a warm-up, summed per
+/// warp of the first two blocks. Same problems as the bench's d64/d128/d256
+/// rows at 8k, no mask; the forward (the planner's) fills O and LSE first.
+fn trace80b(rng: &mut rand::rngs::StdRng) {
+    const ROLES: usize = 16;
+    const EVENTS: usize = 2048;
+    let names = [
+        "",
+        "next query tile (cp.async wait, barrier)",
+        "S, dP, P and dS to shared memory",
+        "barrier after S",
+        "dV, dK",
+        "dQ (reductions)",
+        "barrier at the end",
+        "epilogue",
+    ];
+    let s = 8192usize;
+    let mut built = Vec::new();
+    for d in [64usize, 128, 256] {
+        let spec = AttnSpec::fwd(DType::Bf16, d as u16, Mask::None, Layout::Dense, Arch::Sm90a);
+        let bspec = AttnSpec {
+            direction: attnforge::Direction::Bwd,
+            ..spec
+        };
+        let Some(plan) = attnforge::plan::plan_bwd::plan_bwd_sm80(&bspec) else {
+            println!("trace80b {bspec}: no sm80-path plan");
+            continue;
+        };
+        built.push((d, spec, tracing_build(plan)));
+    }
+    if !launch::driver_available() {
+        println!("trace80b: no CUDA driver, built only");
+        return;
+    }
+    launch::ensure_context(0).expect("context");
+    for (d, spec, bk) in &built {
+        let d = *d;
+        let (h, b) = (2048 / d, 16384 / s);
+        let n = b * h * s * d;
+        let [q, kk, v, o, lse, d_o] = [
+            Dev::random(n, rng),
+            Dev::random(n, rng),
+            Dev::random(n, rng),
+            Dev::zeroed(n * 2),
+            Dev::zeroed(b * h * s * 4),
+            Dev::random(n, rng),
+        ];
+        let (dq, dk, dv, dsum) = (
+            Dev::zeroed(n * 2),
+            Dev::zeroed(n * 2),
+            Dev::zeroed(n * 2),
+            Dev::zeroed(b * h * s * 4),
+        );
+        let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
+        let fk = attnforge::get_or_build(spec).expect("forward");
+        let fl = launch::load(&fk).expect("load forward");
+        // SAFETY: buffers sized for the problem.
+        unsafe { launch::launch_fwd(&fl, &fa, std::ptr::null_mut()).expect("forward") };
+        let bl = launch::load(bk).expect("load");
+        let ws_bytes = launch_bwd::bwd_workspace_bytes(&bk.plan, &fa.problem);
+        let ws = Dev::zeroed(ws_bytes.max(16) as usize);
+        let like = |ptr: u64| TensorArg { ptr, ..fa.q };
+        let ba = launch_bwd::BwdArgs {
+            q: fa.q,
+            k: fa.k,
+            v: fa.v,
+            o: fa.o,
+            d_o: like(d_o.0),
+            lse: fa.lse.expect("the forward's LSE"),
+            dsum: dsum.0,
+            dq: like(dq.0),
+            dk: like(dk.0),
+            dv: like(dv.0),
+            problem: fa.problem.clone(),
+        };
+        // SAFETY: buffers sized for the problem; the forward filled O and LSE.
+        let run = || unsafe { launch_bwd::launch_bwd(&bl, &ba, ws.0, ws_bytes, std::ptr::null_mut()).expect("bwd") };
+        let ms = time_ms(run, 10.0, 50.0);
+        let (ev, gr) = traced_run(&bl, run);
+        let flops = 2.5 * 4.0 * (b * h * s * s * d) as f64;
+        println!(
+            "trace80b d={d:<3} s={s} b={b} h={h} block_m={} block_n={} warps={}: {:.1} TFLOP/s timed (whole backward), main kernel {}",
+            bk.plan.block_m,
+            bk.plan.block_n,
+            bk.plan.num_warps,
+            flops / ms / 1e9,
+            grid_summary(&gr)
+        );
+        for blk in 0..2usize {
+            for warp in 0..(bk.plan.num_warps as usize).min(ROLES) {
+                let base = (blk * ROLES + warp) * EVENTS;
+                let stamps = trace_stamps(&ev[base..base + EVENTS]);
+                if stamps.len() < 2 {
+                    continue;
+                }
+                let (sum, tiles) = trace_categories(&stamps, names.len(), 1);
+                println!(
+                    "trace80b   block {blk} warp {warp}: {tiles} query tiles, {:.0} cycles per tile: {}",
+                    sum.iter().sum::<u64>() as f64 / tiles.max(1) as f64,
+                    shares(&sum, &names)
+                );
+            }
         }
     }
 }
@@ -782,6 +923,10 @@ fn main() {
         .enumerate()
         .find(|(i, a)| !a.starts_with("--") && (*i == 0 || args[i - 1] != "--ab"))
         .map(|(_, a)| a.clone());
+    if args.iter().any(|a| a == "--trace80b") {
+        trace80b(&mut rand::rngs::StdRng::seed_from_u64(5));
+        return;
+    }
     if args.iter().any(|a| a == "--trace90") {
         trace90(&mut rand::rngs::StdRng::seed_from_u64(5));
         return;

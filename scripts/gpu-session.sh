@@ -5,9 +5,9 @@
 # a subset, the same-run benchmark and the sm90a forward tile variants. Prints
 # one summary line per step; logs and reports go to $OUT (or ./gpu-results).
 #   usage: scripts/gpu-session.sh [steps...]   (default: bwd fwd py memcheck bench)
-#          steps: bwd fwd py memcheck bench tune90 trace90 ab
+#          steps: bwd fwd py memcheck bench tune90 trace90 trace80b ab
 # Limits (seconds) can be set by env: LIMIT_BWD LIMIT_FWD LIMIT_PY LIMIT_MEMCHECK
-# LIMIT_BENCH LIMIT_TUNE90 LIMIT_TRACE90 LIMIT_AB; ATTNFORGE_SANITIZE_CASES picks the memcheck subset.
+# LIMIT_BENCH LIMIT_TUNE90 LIMIT_TRACE90 LIMIT_TRACE80B LIMIT_AB; ATTNFORGE_SANITIZE_CASES picks the memcheck subset.
 # Measured on the H200 (2026-12-03): bwd 45 s, fwd 225 s, py 70 s, memcheck
 # 12 s, bench 146 s (before the wgmma backward options got their columns:
 # expect ~200 s), tune90 88 s; all default steps together are close to the
@@ -71,8 +71,11 @@ for step in "${steps[@]}"; do
       fi ;;
     bench) mkdir -p "$out/bench"; run gpu-bench "${LIMIT_BENCH:-300}" env OUT="$out/bench" scripts/gpu-bench.sh ;;
     tune90) run tune90 "${LIMIT_TUNE90:-120}" .gpu/gpu_bench --tune90 ;;
-    # Where the sm90a forward's time goes: a tracing build's per-tile waits.
+    # Where the time goes: tracing builds of the sm90a forward (per-tile
+    # waits and work of each warpgroup) and of the sm80-path backward (each
+    # warp's phases per query tile).
     trace90) run trace90 "${LIMIT_TRACE90:-90}" .gpu/gpu_bench --trace90; grep -v '^trace90   block 0 warpgroup 0 events\|producer:' "$out/trace90.log" | head -n 60 ;;
+    trace80b) run trace80b "${LIMIT_TRACE80B:-90}" .gpu/gpu_bench --trace80b; grep '^trace80b' "$out/trace80b.log" | head -n 60 ;;
     # Same-process A/B of the forward against the cubins carried in .gpu/ab.
     ab) run ab "${LIMIT_AB:-60}" .gpu/gpu_bench --ab .gpu/ab ;;
     *) echo "unknown step: $step"; status=1 ;;

@@ -31,6 +31,7 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ("common/ptx.cuh", include_str!("../templates/common/ptx.cuh")),
     ("common/mask.cuh", include_str!("../templates/common/mask.cuh")),
     ("common/tile.cuh", include_str!("../templates/common/tile.cuh")),
+    ("common/trace.cuh", include_str!("../templates/common/trace.cuh")),
     (
         "common/bwd_common.cuh",
         include_str!("../templates/common/bwd_common.cuh"),

@@ -76,6 +76,13 @@ constexpr int DQB_STAGES = {{ dqb_stages }};         // K/V shared-memory buffer
 
 {% include "common/bwd_common.cuh" %}
 {% include "common/tile.cuh" %}
+// Tracing (gpu_bench --trace80b): lane 0 of every warp of the main kernel
+// stamps the phases of each query tile.
+#ifdef ATTNFORGE_TRACE
+constexpr int TRACE_ROLES = 16;
+#endif
+{% include "common/trace.cuh" %}
+enum : unsigned { EV_B_ITER = 1, EV_B_S, EV_B_SYNC1, EV_B_KV, EV_B_DQ, EV_B_SYNC2, EV_B_EPI };
 
 // ---- tiles and warp-level GEMM ----------------------------------------------------
 
@@ -203,6 +210,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
+#ifdef ATTNFORGE_TRACE
+    if (tid == 0) trace_block_start();
+    Tracer tr = lane == 0 ? tracer_for(warp) : Tracer{};
+#endif
     const BlockTile bt = block_tile();
     const int b = bt.bh / p.heads_kv, hk = bt.bh % p.heads_kv;
     const int n0 = bt.tile * BLOCK_N;                 // kv tiles with the most query rows first
@@ -264,6 +275,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             cp_async_wait<0>();
         }
         __syncthreads();
+        TRACE(EV_B_ITER);
 
         const int h = hk * p.gqa_ratio + cur.qh;
         const int m0 = (m_begin + cur.mt) * BLOCK_M;
@@ -330,7 +342,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 }
             }
         }
+        TRACE(EV_B_S);
         __syncthreads();
+        TRACE(EV_B_SYNC1);
 
         // ---- KV phase: dV += P^T dO, dK += dS^T Q (accumulators stay in registers).
         if (warp < DV_WN * DV_WD)
@@ -339,6 +353,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (warp < DK_WN * DK_WD)
             warp_gemm<DK_ROWS / 16, DK_COLS / 8, BLOCK_M / 16, false, true>(acc_dk, sdSa, PITCH_M, dk_r0,
                                                                            sQa, PITCH_QK, dk_c0, lane);
+        TRACE(EV_B_KV);
 
         // ---- dQ phase (fast mode): dq_accum += dS K, f32 reductions in global memory.
         if constexpr (!DETERMINISTIC) {
@@ -377,7 +392,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 }
             }
         }
+        TRACE(EV_B_DQ);
         __syncthreads();                                 // P^T, dS^T and buffer `buf` are rewritten next
+        TRACE(EV_B_SYNC2);
         if (Q_STAGES == 1 && it + 1 < n_iters) {
             load_q_tile(next_step(cur), 0);
             cp_async_commit();
@@ -392,6 +409,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     if (warp < DV_WN * DV_WD)
         store_acc(p.dv + b * p.dv_sb + kv_row0 * p.dv_ss + hk * p.dv_sh, p.dv_ss, acc_dv, dv_r0, dv_c0,
                   sk - n0, D_V, 1.f, lane);
+    TRACE(EV_B_EPI);
+#ifdef ATTNFORGE_TRACE
+    if (lane == 0) trace_block_end();
+#endif
 }
 {% if deterministic %}
 // ---- _dq (deterministic): one block per (query tile, batch, query head) --------

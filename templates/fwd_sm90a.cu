@@ -52,33 +52,12 @@ constexpr int CLUSTER_M = {{ cluster_m }};
 {% include "common/softmax.cuh" %}
 {% include "common/fwd_params.cuh" %}
 
-// Tracing (a build of gpu_bench --trace90 only, which defines
-// ATTNFORGE_TRACE; the planner's kernels have none of this): SM clock stamps
-// of one thread per role (the producer, lane 0 of each consumer warpgroup's
-// first warp) in the first TRACE_BLOCKS blocks, and every block's SM, start
-// and end. A stamp is (event << 40) | clock bits 0..39.
+// Tracing (gpu_bench --trace90): the producer and lane 0 of each consumer
+// warpgroup's first warp stamp their events.
 #ifdef ATTNFORGE_TRACE
-constexpr int TRACE_BLOCKS = 4, TRACE_ROLES = 4, TRACE_EVENTS = 2048, TRACE_GRID = 1 << 16;
-__device__ unsigned long long attnforge_trace[TRACE_BLOCKS * TRACE_ROLES * TRACE_EVENTS];
-__device__ unsigned long long attnforge_trace_grid[TRACE_GRID * 3];
-struct Tracer {
-    unsigned long long* out = nullptr;
-    int n = 0;
-    __device__ __forceinline__ void operator()(unsigned event) {
-        if (out != nullptr && n < TRACE_EVENTS)
-            out[n++] = ((unsigned long long)event << 40) | (clock64() & ((1ull << 40) - 1));
-    }
-};
-__device__ __forceinline__ unsigned block_linear() { return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); }
-__device__ __forceinline__ Tracer tracer_for(int role) {
-    Tracer t;
-    if (block_linear() < TRACE_BLOCKS) t.out = attnforge_trace + (block_linear() * TRACE_ROLES + role) * TRACE_EVENTS;
-    return t;
-}
-#define TRACE(event) tr(event)
-#else
-#define TRACE(event)
+constexpr int TRACE_ROLES = 4;
 #endif
+{% include "common/trace.cuh" %}
 // Events (the tile number, where given, in the bits above 8).
 enum : unsigned { EV_TILE = 1, EV_Q_READY, EV_K_READY, EV_TURN, EV_S_DONE, EV_SOFTMAX_DONE, EV_PV_DONE, EV_EPI_DONE,
                   EV_V_READY, EV_P_Q_FREE = 20, EV_P_K_ISSUED, EV_P_V_ISSUED };
@@ -247,14 +226,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     // multicasts or arrives remotely.
     if (pair) cluster_sync(); else __syncthreads();
 #ifdef ATTNFORGE_TRACE
-    if (tid == 0 && block_linear() < TRACE_GRID) {
-        unsigned sm;
-        unsigned long long now;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-        attnforge_trace_grid[3 * block_linear()] = sm;
-        attnforge_trace_grid[3 * block_linear() + 1] = now;
-    }
+    if (tid == 0) trace_block_start();
 #endif
 
     // Both roles walk the same tiles and keep the same ring state. Every work
@@ -598,11 +570,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     TILE_LOOP_END
     if (pair) cluster_sync();
 #ifdef ATTNFORGE_TRACE
-    if (tid % 128 == 0 && block_linear() < TRACE_GRID) {
-        unsigned long long now;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-        atomicMax(&attnforge_trace_grid[3 * block_linear() + 2], now);
-    }
+    if (tid % 128 == 0) trace_block_end();
 #endif
 }
 

@@ -519,6 +519,62 @@ __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, lon
     }
 }
 
+// Tracing (gpu_bench --trace80b): lane 0 of every warp of the main kernel
+// stamps the phases of each query tile.
+#ifdef ATTNFORGE_TRACE
+constexpr int TRACE_ROLES = 16;
+#endif
+// ---- common/trace.cuh: SM clock stamps of a tracing build ---------------------
+// Compiled in only where ATTNFORGE_TRACE is defined (gpu_bench --trace90 and
+// --trace80b prepend it to a rendered plan); the planner's kernels have none
+// of this. The including template defines TRACE_ROLES, the threads per
+// block that stamp. In the first TRACE_BLOCKS blocks each role records up to
+// TRACE_EVENTS stamps, (event << 40) | SM clock bits 0..39, into
+// attnforge_trace; every block records its SM, start and end
+// (%globaltimer, ns) into attnforge_trace_grid. The host zeroes both before
+// a traced launch and reads them through the module's globals.
+#ifdef ATTNFORGE_TRACE
+constexpr int TRACE_BLOCKS = 4, TRACE_EVENTS = 2048, TRACE_GRID = 1 << 16;
+__device__ unsigned long long attnforge_trace[TRACE_BLOCKS * TRACE_ROLES * TRACE_EVENTS];
+__device__ unsigned long long attnforge_trace_grid[TRACE_GRID * 3];
+struct Tracer {
+    unsigned long long* out = nullptr;
+    int n = 0;
+    __device__ __forceinline__ void operator()(unsigned event) {
+        if (out != nullptr && n < TRACE_EVENTS)
+            out[n++] = ((unsigned long long)event << 40) | (clock64() & ((1ull << 40) - 1));
+    }
+};
+__device__ __forceinline__ unsigned block_linear() { return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); }
+__device__ __forceinline__ Tracer tracer_for(int role) {
+    Tracer t;
+    if (block_linear() < TRACE_BLOCKS) t.out = attnforge_trace + (block_linear() * TRACE_ROLES + role) * TRACE_EVENTS;
+    return t;
+}
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    return now;
+}
+// One thread per block, at its start.
+__device__ __forceinline__ void trace_block_start() {
+    if (block_linear() < TRACE_GRID) {
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        attnforge_trace_grid[3 * block_linear()] = sm;
+        attnforge_trace_grid[3 * block_linear() + 1] = global_ns();
+    }
+}
+// Any threads of the block, at their end (the latest counts).
+__device__ __forceinline__ void trace_block_end() {
+    if (block_linear() < TRACE_GRID) atomicMax(&attnforge_trace_grid[3 * block_linear() + 2], global_ns());
+}
+#define TRACE(event) tr(event)
+#else
+#define TRACE(event)
+#endif
+
+enum : unsigned { EV_B_ITER = 1, EV_B_S, EV_B_SYNC1, EV_B_KV, EV_B_DQ, EV_B_SYNC2, EV_B_EPI };
 
 // ---- tiles and warp-level GEMM ----------------------------------------------------
 
@@ -646,6 +702,10 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80(const BwdParams p) {
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
+#ifdef ATTNFORGE_TRACE
+    if (tid == 0) trace_block_start();
+    Tracer tr = lane == 0 ? tracer_for(warp) : Tracer{};
+#endif
     const BlockTile bt = block_tile();
     const int b = bt.bh / p.heads_kv, hk = bt.bh % p.heads_kv;
     const int n0 = bt.tile * BLOCK_N;                 // kv tiles with the most query rows first
@@ -707,6 +767,7 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80(const BwdParams p) {
             cp_async_wait<0>();
         }
         __syncthreads();
+        TRACE(EV_B_ITER);
 
         const int h = hk * p.gqa_ratio + cur.qh;
         const int m0 = (m_begin + cur.mt) * BLOCK_M;
@@ -773,7 +834,9 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80(const BwdParams p) {
                 }
             }
         }
+        TRACE(EV_B_S);
         __syncthreads();
+        TRACE(EV_B_SYNC1);
 
         // ---- KV phase: dV += P^T dO, dK += dS^T Q (accumulators stay in registers).
         if (warp < DV_WN * DV_WD)
@@ -782,6 +845,7 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80(const BwdParams p) {
         if (warp < DK_WN * DK_WD)
             warp_gemm<DK_ROWS / 16, DK_COLS / 8, BLOCK_M / 16, false, true>(acc_dk, sdSa, PITCH_M, dk_r0,
                                                                            sQa, PITCH_QK, dk_c0, lane);
+        TRACE(EV_B_KV);
 
         // ---- dQ phase (fast mode): dq_accum += dS K, f32 reductions in global memory.
         if constexpr (!DETERMINISTIC) {
@@ -820,7 +884,9 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80(const BwdParams p) {
                 }
             }
         }
+        TRACE(EV_B_DQ);
         __syncthreads();                                 // P^T, dS^T and buffer `buf` are rewritten next
+        TRACE(EV_B_SYNC2);
         if (Q_STAGES == 1 && it + 1 < n_iters) {
             load_q_tile(next_step(cur), 0);
             cp_async_commit();
@@ -835,5 +901,9 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80(const BwdParams p) {
     if (warp < DV_WN * DV_WD)
         store_acc(p.dv + b * p.dv_sb + kv_row0 * p.dv_ss + hk * p.dv_sh, p.dv_ss, acc_dv, dv_r0, dv_c0,
                   sk - n0, D_V, 1.f, lane);
+    TRACE(EV_B_EPI);
+#ifdef ATTNFORGE_TRACE
+    if (lane == 0) trace_block_end();
+#endif
 }
 

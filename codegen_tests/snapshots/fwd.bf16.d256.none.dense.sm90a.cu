@@ -385,13 +385,22 @@ struct FwdParams {
 };
 
 
-// Tracing (a build of gpu_bench --trace90 only, which defines
-// ATTNFORGE_TRACE; the planner's kernels have none of this): SM clock stamps
-// of one thread per role (the producer, lane 0 of each consumer warpgroup's
-// first warp) in the first TRACE_BLOCKS blocks, and every block's SM, start
-// and end. A stamp is (event << 40) | clock bits 0..39.
+// Tracing (gpu_bench --trace90): the producer and lane 0 of each consumer
+// warpgroup's first warp stamp their events.
 #ifdef ATTNFORGE_TRACE
-constexpr int TRACE_BLOCKS = 4, TRACE_ROLES = 4, TRACE_EVENTS = 2048, TRACE_GRID = 1 << 16;
+constexpr int TRACE_ROLES = 4;
+#endif
+// ---- common/trace.cuh: SM clock stamps of a tracing build ---------------------
+// Compiled in only where ATTNFORGE_TRACE is defined (gpu_bench --trace90 and
+// --trace80b prepend it to a rendered plan); the planner's kernels have none
+// of this. The including template defines TRACE_ROLES, the threads per
+// block that stamp. In the first TRACE_BLOCKS blocks each role records up to
+// TRACE_EVENTS stamps, (event << 40) | SM clock bits 0..39, into
+// attnforge_trace; every block records its SM, start and end
+// (%globaltimer, ns) into attnforge_trace_grid. The host zeroes both before
+// a traced launch and reads them through the module's globals.
+#ifdef ATTNFORGE_TRACE
+constexpr int TRACE_BLOCKS = 4, TRACE_EVENTS = 2048, TRACE_GRID = 1 << 16;
 __device__ unsigned long long attnforge_trace[TRACE_BLOCKS * TRACE_ROLES * TRACE_EVENTS];
 __device__ unsigned long long attnforge_trace_grid[TRACE_GRID * 3];
 struct Tracer {
@@ -408,10 +417,29 @@ __device__ __forceinline__ Tracer tracer_for(int role) {
     if (block_linear() < TRACE_BLOCKS) t.out = attnforge_trace + (block_linear() * TRACE_ROLES + role) * TRACE_EVENTS;
     return t;
 }
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    return now;
+}
+// One thread per block, at its start.
+__device__ __forceinline__ void trace_block_start() {
+    if (block_linear() < TRACE_GRID) {
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        attnforge_trace_grid[3 * block_linear()] = sm;
+        attnforge_trace_grid[3 * block_linear() + 1] = global_ns();
+    }
+}
+// Any threads of the block, at their end (the latest counts).
+__device__ __forceinline__ void trace_block_end() {
+    if (block_linear() < TRACE_GRID) atomicMax(&attnforge_trace_grid[3 * block_linear() + 2], global_ns());
+}
 #define TRACE(event) tr(event)
 #else
 #define TRACE(event)
 #endif
+
 // Events (the tile number, where given, in the bits above 8).
 enum : unsigned { EV_TILE = 1, EV_Q_READY, EV_K_READY, EV_TURN, EV_S_DONE, EV_SOFTMAX_DONE, EV_PV_DONE, EV_EPI_DONE,
                   EV_V_READY, EV_P_Q_FREE = 20, EV_P_K_ISSUED, EV_P_V_ISSUED };
@@ -615,14 +643,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     // multicasts or arrives remotely.
     if (pair) cluster_sync(); else __syncthreads();
 #ifdef ATTNFORGE_TRACE
-    if (tid == 0 && block_linear() < TRACE_GRID) {
-        unsigned sm;
-        unsigned long long now;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-        attnforge_trace_grid[3 * block_linear()] = sm;
-        attnforge_trace_grid[3 * block_linear() + 1] = now;
-    }
+    if (tid == 0) trace_block_start();
 #endif
 
     // Both roles walk the same tiles and keep the same ring state. Every work
@@ -943,11 +964,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     TILE_LOOP_END
     if (pair) cluster_sync();
 #ifdef ATTNFORGE_TRACE
-    if (tid % 128 == 0 && block_linear() < TRACE_GRID) {
-        unsigned long long now;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-        atomicMax(&attnforge_trace_grid[3 * block_linear() + 2], now);
-    }
+    if (tid % 128 == 0) trace_block_end();
 #endif
 }
 
