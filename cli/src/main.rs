@@ -65,7 +65,13 @@ enum Cmd {
         output: Option<PathBuf>,
     },
     /// Print the kernel plan for a spec and why each choice was made.
-    Plan { spec: String },
+    Plan {
+        /// Canonical spec, e.g. fwd.bf16.d128.causal-br.thd.sm90a
+        spec: String,
+        /// The plan as JSON (the form the cache's metadata keeps), for scripts.
+        #[arg(long)]
+        json: bool,
+    },
     /// Inspect and maintain the kernel cache.
     Cache {
         #[command(subcommand)]
@@ -441,10 +447,14 @@ fn run(cli: Cli) -> CliResult {
             quiet,
         } => prebuild(&arch, &matrix, jobs, quiet),
         Cmd::Compile { spec, emit, output } => compile(&spec, emit, output),
-        Cmd::Plan { spec } => {
+        Cmd::Plan { spec, json } => {
             let spec = parse_spec(&spec)?;
             let p = plan(&spec).map_err(|e| e.to_string())?;
-            print!("{p}");
+            if json {
+                println!("{}", serde_json::to_string_pretty(&p).map_err(|e| e.to_string())?);
+            } else {
+                print!("{p}");
+            }
             Ok(())
         }
         Cmd::Cache { cmd } => cache_cmd(cmd),

@@ -152,6 +152,12 @@ fn plan_and_help_describe_the_spec() {
         s.contains("entry       attnforge_fwd_bf16_d128_causal_br_thd_sm90a") && s.contains("why:"),
         "{s}"
     );
+    // --json: the plan as the cache's metadata keeps it.
+    let out = run(bin().args(["plan", "fwd.bf16.d128.none.dense.sm90a", "--json"]));
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_str(&text(&out.stdout)).expect("plan JSON");
+    assert_eq!(v["block_n"], 176, "{v}");
+    assert_eq!(v["entry"], "attnforge_fwd_bf16_d128_none_dense_sm90a");
     let out = run(bin().arg("--help"));
     assert!(text(&out.stdout).contains("causal-br"));
     let out = run(bin().args(["compile", "fwd.f16.d64.none.dense.sm80", "--emit", "cu"]));
