@@ -553,7 +553,8 @@ impl LoadedKernel {
 
     /// Let one-tile launches of a `cluster_m` 2 plan run as clusters of two
     /// (the default) or keep every block alone (tests check both paths of
-    /// the same entry).
+    /// the same entry). Like [`Self::set_persistent_grid`], it holds for
+    /// every user of this loaded kernel.
     pub fn set_clusters(&self, on: bool) {
         self.clusters.store(on, Ordering::Relaxed);
     }
@@ -582,7 +583,9 @@ impl LoadedKernel {
     /// entry (but those with more query blocks than grid.y holds); 0
     /// restores the launcher's rule: the walk on the resident
     /// blocks where it pays ([`crate::plan::sm90a_walk_pays`]), else one
-    /// block per tile. No effect on kernels without a walk entry.
+    /// block per tile. No effect on kernels without a walk entry. The
+    /// setting holds for every user of this loaded kernel ([`load`] shares
+    /// one per module in a process): for tests and tuning runs.
     pub fn set_persistent_grid(&self, blocks: u32) {
         let cap = match blocks {
             0 | ONE_TILE => blocks,
