@@ -11,7 +11,7 @@
 //!
 //! Backward: `launch_bwd` on a forward context from any backend whose LSE
 //! layout matches ours (every dense context; packed THD). The scratch memory
-//! is one caller-allocated workspace ([`GeneratedBackend::bwd_workspace_layout`]):
+//! is one caller-allocated workspace ([`GeneratedBackend::bwd_workspace`]):
 //! `Dsum` (f32, LSE-sized) cut from its front, 16-byte aligned, then the
 //! kernel's own workspace (`launch_bwd::bwd_workspace_bytes`: the f32 dQ
 //! accumulator in fast mode, nothing in deterministic mode).
