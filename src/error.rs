@@ -1,4 +1,4 @@
-//! Typed errors, one enum per pipeline stage, and [`Error`] that wraps them.
+//! Typed errors, one enum per pipeline stage, and [`Error`](enum@Error) that wraps them.
 
 use thiserror::Error;
 

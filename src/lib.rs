@@ -1,7 +1,7 @@
 //! attnforge: a compiler of specialized attention (SDPA) kernels.
 //!
 //! The pipeline, one module per stage:
-//! [`spec`] → [`plan`] → [`render`] → [`compile`] → cache (`attnforge-cache`) →
+//! [`spec`] → [`plan`](mod@plan) → [`render`] → [`compile`] → cache (`attnforge-cache`) →
 //! [`launch`]; [`jit`] strings the stages together behind
 //! [`get_or_build`]. See `docs/ARCHITECTURE.md`.
 

@@ -6,7 +6,7 @@
 //!   is set; registered backends it does not name follow, in registration
 //!   order.
 //! - A policy list replaces the order; backends it does not name are
-//!   rejected with "not in <origin>"; a name that is not registered is an
+//!   rejected with "not in `<origin>`"; a name that is not registered is an
 //!   error; if every named backend declines, that is an error that lists why.
 //! - Each candidate's own [`Backend::supports`] (capability data + rules).
 //! - [`CONTEXT_RULES`]: between the forward's producer and a backward
