@@ -231,6 +231,24 @@ fn sm90a_forward_schedule_variants_compile_without_spills() {
             assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
         }
     }
+    // The clusters-of-two option (K/V multicast) on the no-mask dense specs
+    // that take it: d128, d256 and (192, 128), whose three column chunks
+    // split 2 + 1 between the pair.
+    for (dqk, dv) in [(128u16, 128u16), (256, 256), (192, 128)] {
+        let spec = AttnSpec {
+            head_dim_qk: dqk,
+            head_dim_v: dv,
+            ..AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Dense, Arch::Sm90a)
+        };
+        let tiles = Sm90aFwdTiles {
+            cluster: true,
+            ..default_sm90a_tiles(&spec)
+        };
+        let plan = plan_fwd_sm90a_with(&spec, tiles);
+        assert_eq!(plan.cluster_m, 2, "{spec}");
+        let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} {tiles:?}: {e}"));
+        assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
+    }
 }
 
 /// Where the planner gives an sm90a backward spec to the wgmma template
