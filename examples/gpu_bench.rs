@@ -303,17 +303,18 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
             vec![consumers(2, 160, 2), consumers(2, 176, 2), consumers(2, 128, 2)],
         ),
     ];
-    // ATTNFORGE_TUNE90_D / _S: comma lists narrowing the head dims and lengths.
+    // ATTNFORGE_TUNE90_D / _S: comma lists narrowing the head dims and
+    // lengths to some of the standard ones; anything else is refused.
     let list = |var: &str, all: &[usize]| -> Vec<usize> {
-        std::env::var(var)
-            .ok()
-            .map(|v| {
-                v.split(',')
-                    .filter_map(|x| x.trim().parse().ok())
-                    .collect::<Vec<usize>>()
+        let Some(v) = std::env::var(var).ok().filter(|v| !v.trim().is_empty()) else {
+            return all.to_vec();
+        };
+        v.split(',')
+            .map(|x| match x.trim().parse::<usize>() {
+                Ok(n) if all.contains(&n) => n,
+                _ => panic!("{var}={v}: `{x}` is not one of {all:?}"),
             })
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| all.to_vec())
+            .collect()
     };
     let dims = list("ATTNFORGE_TUNE90_D", &[64, 128, 256]);
     let lens = list("ATTNFORGE_TUNE90_S", &[512, 2048, 8192, 16384]);
