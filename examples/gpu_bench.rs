@@ -6,7 +6,7 @@
 //! d ∈ {64, 128, 256} × seqlen ∈ {512, 2k, 8k, 16k} × causal, batch·seqlen =
 //! 16k tokens, heads·d = 2048, bf16, BHSD; plus a ragged THD sweep.
 //!
-//! usage: gpu_bench [--quick] [OUT_JSON] | --tune | --tune90 | --trace90 | --trace80b | --ab DIR
+//! usage: gpu_bench [--quick] [OUT_JSON] | --tune | --tune90 | --trace90 | --trace80b | --ab DIR[,DIR...]
 
 use std::time::Instant;
 
@@ -28,13 +28,6 @@ impl Dev {
             host.push(half::bf16::from_f32(r * sin).to_bits());
         }
         host.truncate(n);
-        Dev::upload(&host)
-    }
-    /// Uniform(-1, 1) inputs (the timing of earlier sessions).
-    fn uniform(n: usize, rng: &mut rand::rngs::StdRng) -> Dev {
-        let host: Vec<u16> = (0..n)
-            .map(|_| half::bf16::from_f32(rng.gen_range(-1.0f32..1.0)).to_bits())
-            .collect();
         Dev::upload(&host)
     }
     fn upload(host: &[u16]) -> Dev {
@@ -824,93 +817,87 @@ fn trace80b(rng: &mut rand::rngs::StdRng) {
     }
 }
 
-/// Same-process A/B of forward cubins on the long cells (`--ab DIR`): the
-/// planner's module (one-tile entry), a module built with the one-tile entry
-/// alone, and each cubin that DIR holds for the spec (named
-/// `{spec}.c{consumers}.bn{block_n}.st{stages}.cubin`, e.g. from an earlier
-/// template's `ATTNFORGE_TUNE_CUBINS`), interleaved over rounds so that clock
-/// drift falls on all alike; the planner's module also on uniform(-1, 1)
-/// inputs instead of standard normal ones (the data's effect on power and
-/// clocks). Back-to-back timing, median of 5 x 10 launches per round.
-fn ab(dir: &str, rng: &mut rand::rngs::StdRng) {
-    use attnforge::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
+/// Same-process A/B of the planner's forward against carried cubins
+/// (`--ab DIR[,DIR...]`, session step `ab`): each DIR holds `{spec}.c{consumers}.bn{block_n}.st{stages}.cubin`
+/// built from another tree with the same plan (both entries), e.g. by
+/// `attnforge compile SPEC -o FILE` there (`scripts/ab-cubins.sh REV DIR`).
+/// Each cell runs every module with the launcher's rule (the walk for short
+/// keys), timed as the peers are in five interleaved rounds on the same
+/// inputs, each round starting at the next module; the median per module.
+fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
     launch::ensure_context(0).expect("context");
     for (d, causal, s) in [
-        (128usize, false, 2048usize),
-        (128, false, 8192),
+        (64usize, false, 512usize),
+        (128, false, 512),
+        (128, true, 512),
+        (256, false, 512),
+        (128, false, 2048),
         (256, false, 2048),
-        (256, true, 16384),
+        (128, false, 8192),
         (128, true, 16384),
+        (256, true, 16384),
     ] {
         let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
         let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, Arch::Sm90a);
-        let base = default_sm90a_tiles(&spec);
         let planned = attnforge::get_or_build(&spec).expect("build");
-        let alone = attnforge::jit::build_plan(plan_fwd_sm90a_with(
-            &spec,
-            Sm90aFwdTiles {
-                persistent: false,
-                ..base
-            },
-        ))
-        .expect("build");
-        let mut kernels: Vec<(String, attnforge::CompiledKernel)> = vec![
-            ("planned".into(), (*planned).clone()),
-            ("one-tile module".into(), alone.clone()),
-        ];
         let file = format!(
             "{spec}.c{}.bn{}.st{}.cubin",
-            base.consumers, planned.plan.block_n, planned.plan.stages
+            planned.plan.block_m / 64,
+            planned.plan.block_n,
+            planned.plan.stages
         );
-        match std::fs::read(std::path::Path::new(dir).join(&file)) {
-            Ok(bytes) => {
-                // The one-tile plan (same entry name and launch), the other cubin.
-                let mut k = alone.clone();
-                k.cubin = bytes;
-                k.key.0[0] ^= 0x5a; // its own slot in the loader's memo
-                kernels.push((format!("{dir}/{file}"), k));
+        let mut kernels: Vec<(String, attnforge::CompiledKernel)> = vec![("this tree".into(), (*planned).clone())];
+        for dir in dirs {
+            match std::fs::read(std::path::Path::new(dir).join(&file)) {
+                Ok(bytes) => {
+                    // The same plan (entry names and launch), the other cubin.
+                    let mut k = (*planned).clone();
+                    k.cubin = bytes;
+                    k.key.0[0] ^= 0x5a ^ kernels.len() as u8; // its own slot in the loader's memo
+                    kernels.push((format!("{dir}/{file}"), k));
+                }
+                Err(e) => println!("ab {spec}: no {file} in {dir} ({e})"),
             }
-            Err(e) => println!("ab {spec}: no {file} in {dir} ({e})"),
+        }
+        if kernels.len() < 2 {
+            continue;
         }
         let (h, b) = (2048 / d, 16384 / s);
         let n = b * h * s * d;
-        let normal = [Dev::random(n, rng), Dev::random(n, rng), Dev::random(n, rng)];
-        let uniform = [Dev::uniform(n, rng), Dev::uniform(n, rng), Dev::uniform(n, rng)];
-        let (o, lse) = (Dev::zeroed(n * 2), Dev::zeroed(b * h * s * 4));
+        let [q, kk, v, o, lse] = [
+            Dev::random(n, rng),
+            Dev::random(n, rng),
+            Dev::random(n, rng),
+            Dev::zeroed(n * 2),
+            Dev::zeroed(b * h * s * 4),
+        ];
+        let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
         let flops = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 };
-        let mut runs: Vec<(String, std::sync::Arc<launch::LoadedKernel>, FwdArgs)> = Vec::new();
-        for (name, k) in &kernels {
-            let lk = launch::load(k).expect("load");
-            lk.set_persistent_grid(launch::ONE_TILE);
-            runs.push((
-                name.clone(),
-                lk,
-                bhsd_args([normal[0].0, normal[1].0, normal[2].0, o.0], lse.0, b, h, s, d),
-            ));
-        }
-        let lk = launch::load(&planned).expect("load");
-        runs.push((
-            "planned, uniform(-1,1) data".into(),
-            lk,
-            bhsd_args([uniform[0].0, uniform[1].0, uniform[2].0, o.0], lse.0, b, h, s, d),
-        ));
+        let runs: Vec<_> = kernels
+            .iter()
+            .map(|(name, k)| (name.clone(), launch::load(k).expect("load")))
+            .collect();
         let mut figures = vec![Vec::new(); runs.len()];
-        for _round in 0..5 {
-            for (i, (_, lk, fa)) in runs.iter().enumerate() {
+        for round in 0..5 {
+            // Each round starts at another module, so that no module always
+            // runs first (the clocks are highest at a cell's start).
+            for i in (0..runs.len()).map(|j| (j + round) % runs.len()) {
+                let lk = &runs[i].1;
                 // SAFETY: buffers sized for the problem.
-                let ms = time_back_to_back_ms(
-                    || unsafe { launch::launch_fwd(lk, fa, std::ptr::null_mut()).expect("launch") },
-                    10,
-                    5,
+                let ms = time_ms(
+                    || unsafe { launch::launch_fwd(lk, &fa, std::ptr::null_mut()).expect("launch") },
+                    5.0,
+                    25.0,
                 );
                 figures[i].push(flops / ms / 1e9);
             }
         }
-        for ((name, _, _), f) in runs.iter().zip(&figures) {
+        for ((name, lk), f) in runs.iter().zip(&figures) {
             println!(
-                "ab d={d:<3} s={s:<5} causal={causal:<5} {:7.1} TFLOP/s median (rounds {}) {name}",
+                "ab d={d:<3} s={s:<5} causal={causal:<5} {:7.1} TFLOP/s median (rounds {}){} {name}",
                 median(f),
-                f.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" ")
+                f.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" "),
+                entry_of(lk, &fa)
             );
         }
     }
@@ -941,8 +928,11 @@ fn main() {
             eprintln!("skipped: no CUDA driver");
             return;
         }
-        let dir = args.get(i + 1).cloned().unwrap_or_else(|| ".gpu/ab".into());
-        ab(&dir, &mut rand::rngs::StdRng::seed_from_u64(11));
+        let dirs = args.get(i + 1).cloned().unwrap_or_else(|| ".gpu/ab".into());
+        ab(
+            &dirs.split(',').collect::<Vec<_>>(),
+            &mut rand::rngs::StdRng::seed_from_u64(11),
+        );
         return;
     }
     if !launch::driver_available() {

@@ -8,6 +8,7 @@
 #          steps: bwd fwd py memcheck bench tune90 trace90 trace80b ab
 # Limits (seconds) can be set by env: LIMIT_BWD LIMIT_FWD LIMIT_PY LIMIT_MEMCHECK
 # LIMIT_BENCH LIMIT_TUNE90 LIMIT_TRACE90 LIMIT_TRACE80B LIMIT_AB; ATTNFORGE_SANITIZE_CASES picks the memcheck subset.
+# AB_DIRS: the comma-separated cubin dirs of step ab (default .gpu/ab; scripts/ab-cubins.sh REV DIR).
 # Measured on the H200 (2026-12-03): bwd 45 s, fwd 225 s, py 70 s, memcheck
 # 12 s, bench 146 s (before the wgmma backward options got their columns:
 # expect ~200 s), tune90 88 s; all default steps together are close to the
@@ -77,7 +78,7 @@ for step in "${steps[@]}"; do
     trace90) run trace90 "${LIMIT_TRACE90:-90}" .gpu/gpu_bench --trace90; grep -v '^trace90   block 0 warpgroup 0 events\|producer:' "$out/trace90.log" | head -n 60 ;;
     trace80b) run trace80b "${LIMIT_TRACE80B:-90}" .gpu/gpu_bench --trace80b; grep '^trace80b' "$out/trace80b.log" | head -n 60 ;;
     # Same-process A/B of the forward against the cubins carried in .gpu/ab.
-    ab) run ab "${LIMIT_AB:-60}" .gpu/gpu_bench --ab .gpu/ab ;;
+    ab) run ab "${LIMIT_AB:-60}" .gpu/gpu_bench --ab "${AB_DIRS:-.gpu/ab}" ;;
     *) echo "unknown step: $step"; status=1 ;;
   esac
 done

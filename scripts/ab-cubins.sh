@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Build the sm90a forward cubins of another revision for `gpu_bench --ab`
+# (session step `ab`): a worktree of REV, its CLI, and one cubin per cell of
+# the A/B, named as gpu_bench looks them up, into DIR (default .gpu/ab).
+#   usage: scripts/ab-cubins.sh REV [DIR]      (NVRTC as for `make sweep`)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rev=${1:?usage: scripts/ab-cubins.sh REV [DIR]}
+dir=$(realpath -m "${2:-.gpu/ab}")
+mkdir -p "$dir"
+wt=$(mktemp -d)/tree
+git worktree add -q --detach "$wt" "$rev"
+trap 'git worktree remove --force "$wt"' EXIT
+# A separate target dir: the CLI embeds its tree's templates.
+(cd "$wt" && CARGO_TARGET_DIR="$PWD/../target" cargo build -q --release -p attnforge-cli)
+cli="$wt/../target/release/attnforge"
+for spec in fwd.bf16.d64.none.dense.sm90a fwd.bf16.d128.none.dense.sm90a fwd.bf16.d128.causal-tl.dense.sm90a \
+            fwd.bf16.d256.none.dense.sm90a fwd.bf16.d256.causal-tl.dense.sm90a; do
+  # The plan's consumers, block_n and stages name the file (as in examples/gpu_bench.rs).
+  read -r bm bn st < <("$cli" plan "$spec" | sed -n 's/^tile .*block_m=\([0-9]*\) block_n=\([0-9]*\) .*stages=\([0-9]*\).*/\1 \2 \3/p')
+  "$cli" compile "$spec" -o "$dir/$spec.c$((bm / 64)).bn$bn.st$st.cubin"
+done
+ls -la "$dir"
