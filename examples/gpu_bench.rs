@@ -817,15 +817,55 @@ fn trace80b(rng: &mut rand::rngs::StdRng) {
     }
 }
 
-/// Same-process A/B of the planner's forward against carried cubins
-/// (`--ab DIR[,DIR...]`, session step `ab`): each DIR holds `{spec}.c{consumers}.bn{block_n}.st{stages}.cubin`
-/// built from another tree with the same plan (both entries), e.g. by
-/// `attnforge compile SPEC -o FILE` there (`scripts/ab-cubins.sh REV DIR`).
-/// Each cell runs every module with the launcher's rule (the walk for short
-/// keys), timed as the peers are in five interleaved rounds on the same
-/// inputs, each round starting at the next module; the median per module.
+/// Same-process A/B of the planner's kernels against carried cubins
+/// (`--ab DIR[,DIR...]`, session step `ab`, dirs from `scripts/ab-cubins.sh REV DIR`):
+/// the sm90a forward (`{spec}.c{consumers}.bn{block_n}.st{stages}.cubin`, both
+/// entries, the launcher's rule: the walk for short keys) and the d256
+/// backward on the sm80 instruction path (`{spec}.cubin`), each cubin built
+/// from another tree with the same launch geometry. Every module is timed as
+/// the peers are, in five interleaved rounds on the same inputs, each round
+/// starting at the next module; the median per module.
 fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
     launch::ensure_context(0).expect("context");
+    // The planner's kernel and each dir's cubin of the same plan under `file`.
+    let modules = |spec: &AttnSpec, planned: &attnforge::CompiledKernel, file: &str| {
+        let mut kernels = vec![("this tree".to_string(), planned.clone())];
+        for dir in dirs {
+            match std::fs::read(std::path::Path::new(dir).join(file)) {
+                Ok(bytes) => {
+                    // The same plan (entry names and launch), the other cubin.
+                    let mut k = planned.clone();
+                    k.cubin = bytes;
+                    k.key.0[0] ^= 0x5a ^ kernels.len() as u8; // its own slot in the loader's memo
+                    kernels.push((format!("{dir}/{file}"), k));
+                }
+                Err(e) => println!("ab {spec}: no {file} in {dir} ({e})"),
+            }
+        }
+        kernels
+            .into_iter()
+            .map(|(name, k)| (name, launch::load(&k).expect("load")))
+            .collect::<Vec<_>>()
+    };
+    // Five interleaved rounds, each starting at the next module (the clocks
+    // are highest at a cell's start); TFLOP/s per round per module.
+    let rounds = |n: usize, run: &mut dyn FnMut(usize), flops: f64| {
+        let mut figures = vec![Vec::new(); n];
+        for round in 0..5 {
+            for i in (0..n).map(|j| (j + round) % n) {
+                let ms = time_ms(|| run(i), 5.0, 25.0);
+                figures[i].push(flops / ms / 1e9);
+            }
+        }
+        figures
+    };
+    let report = |what: &str, name: &str, f: &[f64], entry: &str| {
+        println!(
+            "ab {what} {:7.1} TFLOP/s median (rounds {}){entry} {name}",
+            median(f),
+            f.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" "),
+        );
+    };
     for (d, causal, s) in [
         (64usize, false, 512usize),
         (128, false, 512),
@@ -846,20 +886,8 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
             planned.plan.block_n,
             planned.plan.stages
         );
-        let mut kernels: Vec<(String, attnforge::CompiledKernel)> = vec![("this tree".into(), (*planned).clone())];
-        for dir in dirs {
-            match std::fs::read(std::path::Path::new(dir).join(&file)) {
-                Ok(bytes) => {
-                    // The same plan (entry names and launch), the other cubin.
-                    let mut k = (*planned).clone();
-                    k.cubin = bytes;
-                    k.key.0[0] ^= 0x5a ^ kernels.len() as u8; // its own slot in the loader's memo
-                    kernels.push((format!("{dir}/{file}"), k));
-                }
-                Err(e) => println!("ab {spec}: no {file} in {dir} ({e})"),
-            }
-        }
-        if kernels.len() < 2 {
+        let runs = modules(&spec, &planned, &file);
+        if runs.len() < 2 {
             continue;
         }
         let (h, b) = (2048 / d, 16384 / s);
@@ -873,32 +901,77 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
         ];
         let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
         let flops = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 };
-        let runs: Vec<_> = kernels
-            .iter()
-            .map(|(name, k)| (name.clone(), launch::load(k).expect("load")))
-            .collect();
-        let mut figures = vec![Vec::new(); runs.len()];
-        for round in 0..5 {
-            // Each round starts at another module, so that no module always
-            // runs first (the clocks are highest at a cell's start).
-            for i in (0..runs.len()).map(|j| (j + round) % runs.len()) {
-                let lk = &runs[i].1;
-                // SAFETY: buffers sized for the problem.
-                let ms = time_ms(
-                    || unsafe { launch::launch_fwd(lk, &fa, std::ptr::null_mut()).expect("launch") },
-                    5.0,
-                    25.0,
-                );
-                figures[i].push(flops / ms / 1e9);
-            }
-        }
+        // SAFETY: buffers sized for the problem.
+        let mut run = |i: usize| unsafe { launch::launch_fwd(&runs[i].1, &fa, std::ptr::null_mut()).expect("launch") };
+        let figures = rounds(runs.len(), &mut run, flops);
         for ((name, lk), f) in runs.iter().zip(&figures) {
-            println!(
-                "ab d={d:<3} s={s:<5} causal={causal:<5} {:7.1} TFLOP/s median (rounds {}){} {name}",
-                median(f),
-                f.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" "),
-                entry_of(lk, &fa)
+            report(
+                &format!("d={d:<3} s={s:<5} causal={causal:<5}"),
+                name,
+                f,
+                entry_of(lk, &fa),
             );
+        }
+    }
+    // The backward on the sm80 instruction path (d256: the planner's choice
+    // on sm90a), the whole backward (_pre, main, _dq_convert) timed; DIR
+    // holds `{spec}.cubin` of the same launch geometry.
+    for (d, causal, s) in [(256usize, false, 2048usize), (256, false, 8192), (256, true, 8192)] {
+        let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
+        let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, Arch::Sm90a);
+        let bspec = AttnSpec {
+            direction: attnforge::Direction::Bwd,
+            ..spec
+        };
+        let planned = attnforge::get_or_build(&bspec).expect("build");
+        let runs = modules(&bspec, &planned, &format!("{bspec}.cubin"));
+        if runs.len() < 2 {
+            continue;
+        }
+        let (h, b) = (2048 / d, 16384 / s);
+        let n = b * h * s * d;
+        let [q, kk, v, o, lse, d_o] = [
+            Dev::random(n, rng),
+            Dev::random(n, rng),
+            Dev::random(n, rng),
+            Dev::zeroed(n * 2),
+            Dev::zeroed(b * h * s * 4),
+            Dev::random(n, rng),
+        ];
+        let (dq, dk, dv, dsum) = (
+            Dev::zeroed(n * 2),
+            Dev::zeroed(n * 2),
+            Dev::zeroed(n * 2),
+            Dev::zeroed(b * h * s * 4),
+        );
+        let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
+        let fl = launch::load(&attnforge::get_or_build(&spec).expect("forward")).expect("load forward");
+        // SAFETY: buffers sized for the problem.
+        unsafe { launch::launch_fwd(&fl, &fa, std::ptr::null_mut()).expect("forward") };
+        let ws_bytes = launch_bwd::bwd_workspace_bytes(&planned.plan, &fa.problem);
+        let ws = Dev::zeroed(ws_bytes.max(16) as usize);
+        let like = |ptr: u64| TensorArg { ptr, ..fa.q };
+        let ba = launch_bwd::BwdArgs {
+            q: fa.q,
+            k: fa.k,
+            v: fa.v,
+            o: fa.o,
+            d_o: like(d_o.0),
+            lse: fa.lse.expect("the forward's LSE"),
+            dsum: dsum.0,
+            dq: like(dq.0),
+            dk: like(dk.0),
+            dv: like(dv.0),
+            problem: fa.problem.clone(),
+        };
+        let flops = 10.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 };
+        // SAFETY: buffers sized for the problem; the forward filled O and LSE.
+        let mut run = |i: usize| unsafe {
+            launch_bwd::launch_bwd(&runs[i].1, &ba, ws.0, ws_bytes, std::ptr::null_mut()).expect("bwd")
+        };
+        let figures = rounds(runs.len(), &mut run, flops);
+        for ((name, _), f) in runs.iter().zip(&figures) {
+            report(&format!("bwd d={d:<3} s={s:<5} causal={causal:<5}"), name, f, "");
         }
     }
 }

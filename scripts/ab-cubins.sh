@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Build the sm90a forward cubins of another revision for `gpu_bench --ab`
-# (session step `ab`): a worktree of REV, its CLI, and one cubin per cell of
-# the A/B, named as gpu_bench looks them up, into DIR (default .gpu/ab).
+# Build the cubins of another revision for `gpu_bench --ab` (session step
+# `ab`): a worktree of REV, its CLI, and one cubin per cell of the A/B (sm90a
+# forward; d256 backward), named as gpu_bench looks them up, into DIR
+# (default .gpu/ab).
 #   usage: scripts/ab-cubins.sh REV [DIR]      (NVRTC as for `make sweep`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,5 +20,9 @@ for spec in fwd.bf16.d64.none.dense.sm90a fwd.bf16.d128.none.dense.sm90a fwd.bf1
   # The plan's consumers, block_n and stages name the file (as in examples/gpu_bench.rs).
   read -r bm bn st < <("$cli" plan "$spec" | sed -n 's/^tile .*block_m=\([0-9]*\) block_n=\([0-9]*\) .*stages=\([0-9]*\).*/\1 \2 \3/p')
   "$cli" compile "$spec" -o "$dir/$spec.c$((bm / 64)).bn$bn.st$st.cubin"
+done
+# The backward cells (the sm80 instruction path at d256), named by spec.
+for spec in bwd.bf16.d256.none.dense.sm90a bwd.bf16.d256.causal-tl.dense.sm90a; do
+  "$cli" compile "$spec" -o "$dir/$spec.cubin"
 done
 ls -la "$dir"
