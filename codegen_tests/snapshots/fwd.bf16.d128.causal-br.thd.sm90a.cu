@@ -115,6 +115,11 @@ __device__ __forceinline__ float fast_log2(float x) {
     asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
+__device__ __forceinline__ float fast_rcp(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 __device__ __forceinline__ float fast_tanh(float x) {
     float y;
     asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -754,8 +759,13 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     unsigned pa[BLOCK_N / 16][4];                        // P, the A operand of P V
     unsigned ring_par = 0;
     int q_loads = 0;
+    // The walk computes the next tile's coordinates (integer divisions) before
+    // this tile's epilogue, where their latency hides behind the stores.
+    Tile next_w;
+    bool have_next = false;
     TILE_LOOP_BEGIN
-        const Tile w = tile_at<WALK>(p, tile);
+        const Tile w = WALK && have_next ? next_w : tile_at<WALK>(p, tile);
+        have_next = false;
         if (w.n_tiles < 0) continue;
         TRACE(EV_TILE | tile << 8);
         const int n_tiles = w.n_tiles;
@@ -920,6 +930,15 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
 
         if (n_tiles > 0) ++q_loads;
         ring_par ^= ring_flips(max(n_tiles, 0));
+        if constexpr (WALK) {
+            // The tile this block takes in the next round (TILE_LOOP_BEGIN's order).
+            const int nb = round_base + (int)gridDim.x;
+            const int nt = nb + (odd ? (int)blockIdx.x : (int)gridDim.x - 1 - (int)blockIdx.x);
+            if (nt < total_tiles) {
+                next_w = tile_at<WALK>(p, nt);
+                have_next = true;
+            }
+        }
 
         // Epilogue: normalize, write O (elements) and LSE (f32, natural log;
         // a null p.lse means not wanted). A quad holds 8 columns of a row per
@@ -931,24 +950,40 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         // work tile at seqlen 512).
         elem_t* gO = p.o + w.b * p.o_sb + (long long)w.q_off * p.o_ss + w.h * p.o_sh;
         float* gL = p.lse != nullptr ? p.lse + w.b * p.lse_sb + w.h * p.lse_sh + w.q_off : nullptr;
+        // Both rows' values are packed and transposed first (independent
+        // shuffle chains that interleave), then each row's stores go out
+        // from one row pointer under one bounds test.
+        constexpr int GROUPS = (DV / 8 + 3) / 4;
+        unsigned v[2][GROUPS][4];
+        float l[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            l[r] = quad_sum(row_sum[0][r]);
+            const float inv = l[r] > 0.f ? fast_rcp(l[r]) : 0.f;   // O is rounded to 16 bits after it
+#pragma unroll
+            for (int g = 0; g < GROUPS; ++g)
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+                    v[r][g][k] = 4 * g + k < DV / 8
+                                     ? pack2(acc_o[4 * g + k][2 * r] * inv, acc_o[4 * g + k][2 * r + 1] * inv)
+                                     : 0u;
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int g = 0; g < GROUPS; ++g) quad_transpose(v[r][g], t);   // this lane: n-tile 4g + t
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int i = row0 + 8 * r;
-            const float l = quad_sum(row_sum[0][r]);
-            const float inv = l > 0.f ? 1.f / l : 0.f;
+            if (i < w.sq) {
+                elem_t* row = gO + i * p.o_ss + 8 * t;
 #pragma unroll
-            for (int j0 = 0; j0 < DV / 8; j0 += 4) {
-                unsigned v[4];
-#pragma unroll
-                for (int k = 0; k < 4; ++k)
-                    v[k] = j0 + k < DV / 8 ? pack2(acc_o[j0 + k][2 * r] * inv, acc_o[j0 + k][2 * r + 1] * inv) : 0u;
-                quad_transpose(v, t);                    // this lane: n-tile j0 + t, columns 0..7
-                const int col = (j0 + t) * 8;
-                if (i < w.sq && col < D_V)
-                    *reinterpret_cast<uint4*>(gO + i * p.o_ss + col) = make_uint4(v[0], v[1], v[2], v[3]);
+                for (int g = 0; g < GROUPS; ++g)
+                    if ((4 * g + t) * 8 < D_V)
+                        *reinterpret_cast<uint4*>(row + 32 * g) = make_uint4(v[r][g][0], v[r][g][1], v[r][g][2], v[r][g][3]);
+                if (t == 0 && gL != nullptr)
+                    gL[i] = l[r] > 0.f ? (row_max[0][r] + fast_log2(l[r])) * 0.6931471805599453f : NEG_INF;
             }
-            if (i < w.sq && t == 0 && gL != nullptr)
-                gL[i] = l > 0.f ? (row_max[0][r] + fast_log2(l)) * 0.6931471805599453f : NEG_INF;
         }
         TRACE(EV_EPI_DONE);
     TILE_LOOP_END
