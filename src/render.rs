@@ -170,6 +170,7 @@ struct BwdContext {
     dqb_warps: u32,
     dqb_stages: u32,
     acc_chunk: u32,
+    dq_frags_once: bool,
     head_major: bool,
 }
 
@@ -254,6 +255,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
             dqb_warps: b.dq_warps,
             dqb_stages: b.dq_kv_stages,
             acc_chunk: b.acc_chunk,
+            dq_frags_once: b.dq_frags_once,
             head_major: plan.head_major,
         })
         .map_err(ctx_err)?,

@@ -184,6 +184,49 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], unsigned sA, 
     for (int ks = FIRST ? 1 : 0; ks < KSTEPS; ++ks) step(ks, false);
 }
 
+{% if dq_frags_once -%}
+// The A fragments of a whole [16 MT x 16 KSTEPS] operand, loaded once for a
+// product walked in column chunks (warp_gemm_a), so that the chunks do not
+// re-read it from shared memory.
+template <int MT, int KSTEPS, bool A_T>
+__device__ __forceinline__ void load_a(unsigned (&a)[MT][KSTEPS][4], unsigned sA, int pitch_a, int r0, int lane) {
+    int ln = lane;                                       // opaque, as in warp_gemm
+    asm volatile("" : "+r"(ln));
+    const unsigned a0 = sA + a_lane_off<A_T>(pitch_a, ln) + tile_off<A_T>(pitch_a, r0, 0);
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) ldsm_x4<A_T>(a[mt][ks], a0 + tile_off<A_T>(pitch_a, mt * 16, ks * 16));
+}
+
+// acc = A x B[.., c0 .. c0 + 8 NT) with A's fragments already in registers (load_a).
+template <int MT, int NT, int KSTEPS, bool B_T>
+__device__ __forceinline__ void warp_gemm_a(float (&acc)[MT][NT][4], const unsigned (&a)[MT][KSTEPS][4],
+                                            unsigned sB, int pitch_b, int c0, int lane) {
+    static_assert(NT % 2 == 0, "B operands are loaded two n8 tiles at a time");
+    int ln = lane;
+    asm volatile("" : "+r"(ln));
+    const unsigned b0 = sB + b_lane_off<B_T>(pitch_b, ln) + tile_off<B_T>(pitch_b, c0, 0);
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+            unsigned b[4];
+            ldsm_x4<B_T>(b, b0 + tile_off<B_T>(pitch_b, np * 16, ks * 16));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                if (ks == 0) {
+                    mma_16816_first(acc[mt][2 * np], a[mt][ks], b[0], b[1]);
+                    mma_16816_first(acc[mt][2 * np + 1], a[mt][ks], b[2], b[3]);
+                } else {
+                    mma_16816(acc[mt][2 * np], a[mt][ks], b[0], b[1]);
+                    mma_16816(acc[mt][2 * np + 1], a[mt][ks], b[2], b[3]);
+                }
+            }
+        }
+}
+
+{% endif -%}
 template <int MT, int NT>
 __device__ __forceinline__ void zero_acc(float (&acc)[MT][NT][4]) {
 #pragma unroll
@@ -360,11 +403,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             if (warp < DQ_WM * DQ_WD) {
                 constexpr int MT = DQ_ROWS / 16, NT_ALL = DQ_COLS / 8, NT = chunk_nt(MT, NT_ALL);
                 const int r0 = (warp / DQ_WD) * DQ_ROWS;
+{%- if dq_frags_once %}
+                unsigned a_ds[MT][BLOCK_N / 16][4];          // dS, read once for every chunk
+                load_a<MT, BLOCK_N / 16, true>(a_ds, sdSa, PITCH_M, r0, lane);
+{%- endif %}
 #pragma unroll 1
                 for (int cc = 0; cc < NT_ALL / NT; ++cc) {
                     const int c0 = (warp % DQ_WD) * DQ_COLS + cc * NT * 8;
                     float acc[MT][NT][4];
+{%- if dq_frags_once %}
+                    warp_gemm_a<MT, NT, BLOCK_N / 16, true>(acc, a_ds, sKa, PITCH_QK, c0, lane);
+{%- else %}
                     warp_gemm<MT, NT, BLOCK_N / 16, true, true, true>(acc, sdSa, PITCH_M, r0, sKa, PITCH_QK, c0, lane);
+{%- endif %}
                     const long long acc_row0 = IS_THD ? (long long)si.q_off + m0 : (long long)b * p.seqlen_q + m0;
                     float* gacc = p.dq_accum + (acc_row0 * p.heads_q + h) * DQK;
                     const long long row_pitch = (long long)p.heads_q * DQK;
