@@ -22,6 +22,7 @@ const SPECS: &[&str] = &[
     "bwd.f16.d64.window.thd.softcap.det.sm90a",
     "bwd.bf16.d128.causal-br.dense.sm90a",
     "bwd.f16.d64.window.thd.softcap.sm90a",
+    "bwd.bf16.d64.causal-br.thd.sm80",
 ];
 
 fn dir() -> PathBuf {
