@@ -637,6 +637,20 @@ __device__ __forceinline__ void load_b(unsigned (&b)[4], unsigned base, int pitc
     ldsm_x4<B_T>(b, base + b_lane_off<B_T>(pitch, lane) + tile_off<B_T>(pitch, c0, k0));
 }
 
+// The products of one A fragment with a pair of B fragments (two n8 tiles,
+// b[0..1] and b[2..3]): the first k-step writes the accumulators, later ones
+// add (`first` is a constant at every call).
+__device__ __forceinline__ void mma_pair(float (&d0)[4], float (&d1)[4], const unsigned (&a)[4],
+                                         const unsigned (&b)[4], bool first) {
+    if (first) {
+        mma_16816_first(d0, a, b[0], b[1]);
+        mma_16816_first(d1, a, b[2], b[3]);
+    } else {
+        mma_16816(d0, a, b[0], b[1]);
+        mma_16816(d1, a, b[2], b[3]);
+    }
+}
+
 // acc[MT][NT][4] += A[r0 .. r0 + 16 MT) x B[.., c0 .. c0 + 8 NT), k over [0, 16 KSTEPS)
 // (FIRST: acc = the product; its first k-step writes the accumulators instead
 // of adding to cleared ones, which saves clearing them: ncu counted the
@@ -664,15 +678,7 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], unsigned sA, 
             unsigned b[4];
             ldsm_x4<B_T>(b, b0 + tile_off<B_T>(pitch_b, np * 16, ks * 16));
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                if (first) {
-                    mma_16816_first(acc[mt][2 * np], a[mt], b[0], b[1]);
-                    mma_16816_first(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
-                } else {
-                    mma_16816(acc[mt][2 * np], a[mt], b[0], b[1]);
-                    mma_16816(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
-                }
-            }
+            for (int mt = 0; mt < MT; ++mt) mma_pair(acc[mt][2 * np], acc[mt][2 * np + 1], a[mt], b, first);
         }
     };
     if constexpr (FIRST) step(0, true);
