@@ -387,15 +387,7 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
         for &d in &dims {
             let h = 2048 / d;
             let b = 16384 / s;
-            let n = b * h * s * d;
-            let [q, kk, v, o, lse] = [
-                Dev::random(n, rng),
-                Dev::random(n, rng),
-                Dev::random(n, rng),
-                Dev::zeroed(n * 2),
-                Dev::zeroed(b * h * s * 4),
-            ];
-            let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
+            let (_buffers, fa) = fwd_problem(b, h, s, d, rng);
             // Both entries of every variant: one tile per block, and the walk
             // on the resident blocks; `rule` marks the launcher's choice.
             let mut runs = Vec::new();
@@ -647,15 +639,7 @@ fn trace90(rng: &mut rand::rngs::StdRng) {
     for (d, causal, s, k) in &built {
         let (d, s) = (*d, *s);
         let (h, b) = (2048 / d, 16384 / s);
-        let n = b * h * s * d;
-        let [q, kk, v, o, lse] = [
-            Dev::random(n, rng),
-            Dev::random(n, rng),
-            Dev::random(n, rng),
-            Dev::zeroed(n * 2),
-            Dev::zeroed(b * h * s * 4),
-        ];
-        let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
+        let (_buffers, fa) = fwd_problem(b, h, s, d, rng);
         let lk = launch::load(k).expect("load");
         for (entry, cap) in [("one tile", launch::ONE_TILE), ("walk", lk.resident_blocks())] {
             lk.set_persistent_grid(cap);
@@ -709,6 +693,77 @@ fn trace90(rng: &mut rand::rngs::StdRng) {
     }
 }
 
+/// A forward problem in BHSD (b × h heads, seqlen s, head dim d) on fresh
+/// random Q, K, V, with O and LSE buffers; the buffers live as long as the
+/// returned vector.
+fn fwd_problem(b: usize, h: usize, s: usize, d: usize, rng: &mut rand::rngs::StdRng) -> (Vec<Dev>, FwdArgs) {
+    let n = b * h * s * d;
+    let bufs = vec![
+        Dev::random(n, rng),
+        Dev::random(n, rng),
+        Dev::random(n, rng),
+        Dev::zeroed(n * 2),
+        Dev::zeroed(b * h * s * 4),
+    ];
+    let fa = bhsd_args([bufs[0].0, bufs[1].0, bufs[2].0, bufs[3].0], bufs[4].0, b, h, s, d);
+    (bufs, fa)
+}
+
+/// A backward problem in BHSD (b × h heads, seqlen s, head dim d) on fresh
+/// random Q, K, V and dO, with O and LSE from the planner's forward of `spec`
+/// and the workspace that `plan` states (trace80b and the A/B's backward cells).
+struct BwdProblem {
+    _buffers: Vec<Dev>,
+    ws: Dev,
+    ws_bytes: u64,
+    args: launch_bwd::BwdArgs,
+}
+
+fn bwd_problem(
+    spec: &AttnSpec,
+    plan: &attnforge::KernelPlan,
+    b: usize,
+    h: usize,
+    s: usize,
+    d: usize,
+    rng: &mut rand::rngs::StdRng,
+) -> BwdProblem {
+    let n = b * h * s * d;
+    let (mut buffers, fa) = fwd_problem(b, h, s, d, rng);
+    let d_o = Dev::random(n, rng);
+    let [dq, dk, dv, dsum] = [
+        Dev::zeroed(n * 2),
+        Dev::zeroed(n * 2),
+        Dev::zeroed(n * 2),
+        Dev::zeroed(b * h * s * 4),
+    ];
+    let fl = launch::load(&attnforge::get_or_build(spec).expect("forward")).expect("load forward");
+    // SAFETY: buffers sized for the problem.
+    unsafe { launch::launch_fwd(&fl, &fa, std::ptr::null_mut()).expect("forward") };
+    let ws_bytes = launch_bwd::bwd_workspace_bytes(plan, &fa.problem);
+    let like = |ptr: u64| TensorArg { ptr, ..fa.q };
+    let args = launch_bwd::BwdArgs {
+        q: fa.q,
+        k: fa.k,
+        v: fa.v,
+        o: fa.o,
+        d_o: like(d_o.0),
+        lse: fa.lse.expect("the forward's LSE"),
+        dsum: dsum.0,
+        dq: like(dq.0),
+        dk: like(dk.0),
+        dv: like(dv.0),
+        problem: fa.problem.clone(),
+    };
+    buffers.extend([d_o, dq, dk, dv, dsum]);
+    BwdProblem {
+        _buffers: buffers,
+        ws: Dev::zeroed(ws_bytes.max(16) as usize),
+        ws_bytes,
+        args,
+    }
+}
+
 /// Where the sm80-path backward's time goes (`--trace80b`): a tracing
 /// build of `bwd_sm80.cu` (lane 0 of every warp of the main kernel stamps
 /// each query tile's phases), launched once after a warm-up, summed per
@@ -749,45 +804,11 @@ fn trace80b(rng: &mut rand::rngs::StdRng) {
     for (d, spec, bk) in &built {
         let d = *d;
         let (h, b) = (2048 / d, 16384 / s);
-        let n = b * h * s * d;
-        let [q, kk, v, o, lse, d_o] = [
-            Dev::random(n, rng),
-            Dev::random(n, rng),
-            Dev::random(n, rng),
-            Dev::zeroed(n * 2),
-            Dev::zeroed(b * h * s * 4),
-            Dev::random(n, rng),
-        ];
-        let (dq, dk, dv, dsum) = (
-            Dev::zeroed(n * 2),
-            Dev::zeroed(n * 2),
-            Dev::zeroed(n * 2),
-            Dev::zeroed(b * h * s * 4),
-        );
-        let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
-        let fk = attnforge::get_or_build(spec).expect("forward");
-        let fl = launch::load(&fk).expect("load forward");
-        // SAFETY: buffers sized for the problem.
-        unsafe { launch::launch_fwd(&fl, &fa, std::ptr::null_mut()).expect("forward") };
+        let bp = bwd_problem(spec, &bk.plan, b, h, s, d, rng);
         let bl = launch::load(bk).expect("load");
-        let ws_bytes = launch_bwd::bwd_workspace_bytes(&bk.plan, &fa.problem);
-        let ws = Dev::zeroed(ws_bytes.max(16) as usize);
-        let like = |ptr: u64| TensorArg { ptr, ..fa.q };
-        let ba = launch_bwd::BwdArgs {
-            q: fa.q,
-            k: fa.k,
-            v: fa.v,
-            o: fa.o,
-            d_o: like(d_o.0),
-            lse: fa.lse.expect("the forward's LSE"),
-            dsum: dsum.0,
-            dq: like(dq.0),
-            dk: like(dk.0),
-            dv: like(dv.0),
-            problem: fa.problem.clone(),
-        };
+        let (ba, ws, ws_bytes) = (&bp.args, &bp.ws, bp.ws_bytes);
         // SAFETY: buffers sized for the problem; the forward filled O and LSE.
-        let run = || unsafe { launch_bwd::launch_bwd(&bl, &ba, ws.0, ws_bytes, std::ptr::null_mut()).expect("bwd") };
+        let run = || unsafe { launch_bwd::launch_bwd(&bl, ba, ws.0, ws_bytes, std::ptr::null_mut()).expect("bwd") };
         let ms = time_ms(run, 10.0, 50.0);
         let (ev, gr) = traced_run(&bl, run);
         let flops = 2.5 * 4.0 * (b * h * s * s * d) as f64;
@@ -891,15 +912,7 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
             continue;
         }
         let (h, b) = (2048 / d, 16384 / s);
-        let n = b * h * s * d;
-        let [q, kk, v, o, lse] = [
-            Dev::random(n, rng),
-            Dev::random(n, rng),
-            Dev::random(n, rng),
-            Dev::zeroed(n * 2),
-            Dev::zeroed(b * h * s * 4),
-        ];
-        let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
+        let (_buffers, fa) = fwd_problem(b, h, s, d, rng);
         let flops = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 };
         // SAFETY: buffers sized for the problem.
         let mut run = |i: usize| unsafe { launch::launch_fwd(&runs[i].1, &fa, std::ptr::null_mut()).expect("launch") };
@@ -929,45 +942,12 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
             continue;
         }
         let (h, b) = (2048 / d, 16384 / s);
-        let n = b * h * s * d;
-        let [q, kk, v, o, lse, d_o] = [
-            Dev::random(n, rng),
-            Dev::random(n, rng),
-            Dev::random(n, rng),
-            Dev::zeroed(n * 2),
-            Dev::zeroed(b * h * s * 4),
-            Dev::random(n, rng),
-        ];
-        let (dq, dk, dv, dsum) = (
-            Dev::zeroed(n * 2),
-            Dev::zeroed(n * 2),
-            Dev::zeroed(n * 2),
-            Dev::zeroed(b * h * s * 4),
-        );
-        let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
-        let fl = launch::load(&attnforge::get_or_build(&spec).expect("forward")).expect("load forward");
-        // SAFETY: buffers sized for the problem.
-        unsafe { launch::launch_fwd(&fl, &fa, std::ptr::null_mut()).expect("forward") };
-        let ws_bytes = launch_bwd::bwd_workspace_bytes(&planned.plan, &fa.problem);
-        let ws = Dev::zeroed(ws_bytes.max(16) as usize);
-        let like = |ptr: u64| TensorArg { ptr, ..fa.q };
-        let ba = launch_bwd::BwdArgs {
-            q: fa.q,
-            k: fa.k,
-            v: fa.v,
-            o: fa.o,
-            d_o: like(d_o.0),
-            lse: fa.lse.expect("the forward's LSE"),
-            dsum: dsum.0,
-            dq: like(dq.0),
-            dk: like(dk.0),
-            dv: like(dv.0),
-            problem: fa.problem.clone(),
-        };
+        let bp = bwd_problem(&spec, &planned.plan, b, h, s, d, rng);
+        let (ba, ws, ws_bytes) = (&bp.args, &bp.ws, bp.ws_bytes);
         let flops = 10.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 };
         // SAFETY: buffers sized for the problem; the forward filled O and LSE.
         let mut run = |i: usize| unsafe {
-            launch_bwd::launch_bwd(&runs[i].1, &ba, ws.0, ws_bytes, std::ptr::null_mut()).expect("bwd")
+            launch_bwd::launch_bwd(&runs[i].1, ba, ws.0, ws_bytes, std::ptr::null_mut()).expect("bwd")
         };
         let figures = rounds(runs.len(), &mut run, flops);
         for ((name, _), f) in runs.iter().zip(&figures) {
