@@ -81,7 +81,7 @@ pub struct BwdPlan {
     /// next to the dK/dV accumulators; a chunk re-reads its A operand).
     pub acc_chunk: u32,
     /// The dQ phase loads its A operand (dS) into registers once for all its
-    /// column chunks instead of once per chunk (d256: +4-6% on the H200,
+    /// column chunks instead of once per chunk (d256: +3.6-5.5% on the H200,
     /// where the registers allow it; the compile sweep checks for spills).
     #[serde(default)]
     pub dq_frags_once: bool,
