@@ -109,6 +109,16 @@ pub struct KernelPlan {
     /// (ping-pong). Absent elsewhere.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pingpong: bool,
+    /// sm90a forward only (with `consumer_pipelined`): a warpgroup's softmax
+    /// of the next tile runs while its previous P·V is still on the tensor
+    /// cores; V's wait sits between the softmax and the P·V wait, so that
+    /// ptxas cannot hoist that wait above the softmax (it does, to interleave
+    /// P's packing). With it, the softmax keeps a lazy reference max (raised
+    /// only past a slack of 2^8) and the warp skips O's rescale when no row
+    /// raised it; the two were measured together. Off at block_n > 160
+    /// (both measured slower there). Absent elsewhere.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub softmax_under_pv: bool,
     /// The work tiles walk one (batch, head) at a time, its tiles
     /// consecutive, instead of all heads of one tile at a time. sm90a
     /// forward: query blocks (the blocks in flight share K and V in L2).
@@ -291,6 +301,7 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
         reasons,
         consumer_pipelined: false,
         pingpong: false,
+        softmax_under_pv: false,
         head_major: false,
         cluster_m: 1,
         bwd: None,
@@ -368,6 +379,10 @@ pub struct Sm90aFwdTiles {
     /// (measured slower, docs/kernels.md).
     pub cluster: bool,
 }
+
+/// The widest key tile at which the sm90a forward's softmax runs under the
+/// previous P V ([`KernelPlan::softmax_under_pv`]).
+pub const SM90A_SOFTMAX_UNDER_PV_MAX_BN: u32 = 160;
 
 /// The planner's choice of [`Sm90aFwdTiles`] for a spec (before the
 /// shared-memory fit of [`plan_fwd_sm90a_with`]).
@@ -497,6 +512,25 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         (true, false) => "consumers pipelined by one tile (next S issued before this P V): measured +9% at d64".into(),
         _ => "consumers one tile at a time: pipelining measured -11..-18% at d128/d256".into(),
     });
+    // H200, 2026-12-04 (session 13, `gpu_bench --ab`, docs/benchmarks/2026-12-04-s13-ab.md):
+    // the softmax under the previous P V gained +0.3..+4.0% at block_n 128,
+    // 80 and the d64 consumers' 128, the lazy max +0.2..+3.2% more; at d128's
+    // block_n 176 the first lost 1.4%, the second 0.8% on top of it and 4.2%
+    // without it.
+    let softmax_under_pv = consumer_pipelined && block_n <= SM90A_SOFTMAX_UNDER_PV_MAX_BN;
+    if softmax_under_pv {
+        reasons.push(
+            "the softmax of the next tile runs under this tile's P V (V's wait placed between them, so that ptxas \
+             keeps the P V wait after the softmax); lazy reference max, O rescaled only when a row of the warp \
+             raised it by more than 2^8"
+                .into(),
+        );
+    } else if consumer_pipelined {
+        reasons.push(format!(
+            "block_n {block_n} > {SM90A_SOFTMAX_UNDER_PV_MAX_BN}: the P V wait before the softmax (ptxas's order) \
+             and O rescaled every tile (the softmax under P V and the lazy max measured -1..-4% there)"
+        ));
+    }
     reasons.push(if persistent {
         format!(
             "two entries: one block per work tile, and a persistent walk that the launcher takes for keys up to \
@@ -546,6 +580,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         reasons,
         consumer_pipelined,
         pingpong,
+        softmax_under_pv,
         head_major,
         cluster_m,
         bwd: None,
@@ -671,6 +706,44 @@ mod tests {
         assert_eq!(plan(&w).unwrap().block_m, 64);
         w.layout = Layout::Dense;
         assert_eq!(plan(&w).unwrap().block_m, 128);
+    }
+
+    #[test]
+    fn sm90a_softmax_under_pv_up_to_block_n_160() {
+        // d128 without a mask takes block_n 176: the P V wait stays first.
+        for (d, mask, under) in [
+            (128, Mask::None, false),
+            (128, Mask::CausalTopLeft, true),
+            (64, Mask::None, true),
+            (256, Mask::None, true),
+        ] {
+            let spec = AttnSpec::fwd(DType::Bf16, d, mask, Layout::Dense, Arch::Sm90a);
+            let p = plan_fwd_sm90a(&spec);
+            assert_eq!(p.softmax_under_pv, under, "{spec}: block_n {}", p.block_n);
+            assert_eq!(p.softmax_under_pv, p.block_n <= SM90A_SOFTMAX_UNDER_PV_MAX_BN);
+            let why = if under {
+                "under this tile's P V"
+            } else {
+                "the P V wait before the softmax"
+            };
+            assert!(p.reasons.iter().any(|r| r.contains(why)), "{spec}: {:?}", p.reasons);
+            // The template sees it: V's wait moves between the softmax and the
+            // P V wait, and the lazy max is on.
+            let src = crate::render::render(&p).unwrap().source;
+            assert_eq!(
+                src.contains("V(it)'s wait here is also a block boundary"),
+                under,
+                "{spec}"
+            );
+            assert!(src.contains(&format!("constexpr bool LAZY_MAX = {under};")), "{spec}");
+        }
+        // Not without the pipelined loop (nor in sm80 plans).
+        let spec = AttnSpec::fwd(DType::Bf16, 256, Mask::None, Layout::Dense, Arch::Sm90a);
+        let t = Sm90aFwdTiles {
+            pipelined: false,
+            ..default_sm90a_tiles(&spec)
+        };
+        assert!(!plan_fwd_sm90a_with(&spec, t).softmax_under_pv);
     }
 
     #[test]

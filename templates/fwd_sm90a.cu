@@ -29,6 +29,9 @@ constexpr int QK_KSTEPS = {{ qk_ksteps }};           // 16-wide k-steps of S = Q
 constexpr int MASK_KIND = {{ mask_kind }};
 constexpr bool IS_THD = {{ is_thd }};
 constexpr bool SOFTCAP = {{ softcap }};
+// The softmax's lazy reference max and O's skipped rescale (common/softmax.cuh),
+// taken with the softmax under the previous P V (plan's softmax_under_pv).
+constexpr bool LAZY_MAX = {{ softmax_under_pv }};
 // Clusters of two on the one-tile entry (plan's cluster_m; see `pair` below).
 constexpr int CLUSTER_M = {{ cluster_m }};
 
@@ -412,9 +415,14 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             const bool edge = (n0 + BLOCK_N > w.sk) || (MASK_KIND != 0 &&
                 (win.key_lo(last_row) > n0 || win.key_hi(w.m0) < n0 + BLOCK_N - 1));
             if (edge) apply_mask<1, BLOCK_N>(acc_s, win, row0, n0 + 2 * t);
-            online_softmax<1, BLOCK_N / 8>(acc_s, row_max, row_sum, SOFTCAP ? 1.f : p.scale_log2, [&](int, int r, float a) { alpha[r] = a; });
+            auto keep = [&](int, int r, float a) { alpha[r] = a; };
+            online_softmax<1, BLOCK_N / 8, decltype(keep), LAZY_MAX>(acc_s, row_max, row_sum, SOFTCAP ? 1.f : p.scale_log2, keep);
         };
+        // With the lazy reference max, skipped by the whole warp when none of
+        // its rows raised its reference (alpha is then exactly 1): after the
+        // first key tiles, almost always.
         auto rescale_o = [&](const float (&alpha)[2]) {
+            if (LAZY_MAX && !__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) return;
 #pragma unroll
             for (int j = 0; j < DV / 8; ++j) {
                 acc_o[j][0] *= alpha[0];
@@ -481,12 +489,18 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             softmax_tile(w.n_begin, alpha);              // O is still zero: alpha unused
             pack_p();
             TRACE(EV_SOFTMAX_DONE);
+{% if softmax_under_pv %}
+            mbar_wait(v_full(slot(0)), phase(0));
+            TRACE(EV_V_READY);
+{% endif %}
         }
         for (int it = 1; it < n_tiles; ++it) {
             mbar_wait(k_full(slot(it)), phase(it));
             TRACE(EV_K_READY | it << 8);
+{% if not softmax_under_pv %}
             mbar_wait(v_full(slot(it - 1)), phase(it - 1));
             TRACE(EV_V_READY | it << 8);
+{% endif %}
             take_turn();
             TRACE(EV_TURN | it << 8);
             wgmma_fence();
@@ -499,6 +513,13 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             float alpha[2];
             softmax_tile(w.n_begin + it * BLOCK_N, alpha);
             TRACE(EV_SOFTMAX_DONE | it << 8);
+{% if softmax_under_pv %}
+            // V(it)'s wait here is also a block boundary: without it ptxas
+            // hoists the P V wait below above the softmax (to interleave P's
+            // packing into the registers that P V still reads).
+            mbar_wait(v_full(slot(it)), phase(it));
+            TRACE(EV_V_READY | it << 8);
+{% endif %}
             wgmma_wait<0>();                             // P(it-1) V(it-1) done
             TRACE(EV_PV_DONE | it << 8);
             release_v(it - 1);
@@ -507,8 +528,10 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         }
         if (n_tiles > 0) {
             release_q();                                 // every S of this tile is done
+{% if not softmax_under_pv %}
             mbar_wait(v_full(slot(n_tiles - 1)), phase(n_tiles - 1));
             TRACE(EV_V_READY | n_tiles << 8);
+{% endif %}
             take_turn();
             TRACE(EV_TURN | n_tiles << 8);
             wgmma_fence();

@@ -95,6 +95,13 @@ fn cases() -> Vec<Case> {
         thd("fwd.bf16.d64.window.thd.sm90a", 4, 4, &[(1000, 1000), (1, 1)]).window(128, -1),
     ];
     v.push(dense("fwd.f16.d128.none.dense.softcap.sm90a", 1, 4, 4, 257, 513).softcap(50.0));
+    // Scores that grow (shrink) along the keys by far more than one key
+    // tile's spread: the running max is raised in most tiles (the sm90a
+    // softmax raises its reference max only past a slack, see softmax.cuh).
+    v.push(dense("fwd.bf16.d128.none.dense.sm90a", 1, 4, 2, 300, 2000).key_ramp(24.0));
+    v.push(dense("fwd.f16.d256.causal-br.dense.sm90a", 1, 2, 2, 700, 1000).key_ramp(-0.9));
+    v.push(thd("fwd.f16.d64.none.thd.sm90a", 4, 4, &[(200, 1500), (0, 7), (33, 900)]).key_ramp(16.0));
+    v.push(dense("fwd.bf16.d128.none.dense.sm80", 1, 4, 4, 129, 1000).key_ramp(24.0));
     v
 }
 
@@ -246,7 +253,18 @@ fn run_case(
         let all = fill(qkv_len[0]);
         (all, Vec::new(), Vec::new())
     } else {
-        (fill(qkv_len[0]), fill(qkv_len[1]), fill(qkv_len[2]))
+        let (q, mut k) = (fill(qkv_len[0]), fill(qkv_len[1]));
+        if c.key_ramp != 0.0 {
+            assert!(c.mem == Mem::Bshd, "{}: key_ramp is for BSHD and THD cases", c.spec);
+            // Row-major [.., key, head, d]: the key (dense) or token (THD) of an element.
+            let (row, keys) = (hkv * dq, if is_thd { total_k } else { sk_max });
+            for (i, x) in k.iter_mut().enumerate() {
+                let key = if is_thd { i / row } else { (i / row) % sk_max };
+                let f = 1.0 + c.key_ramp as f64 * key as f64 / keys.max(1) as f64;
+                *x = to_bits(from_bits(*x, dt) * f, dt);
+            }
+        }
+        (q, k, fill(qkv_len[2]))
     };
     let packed = c.mem == Mem::PackedQkv && !is_thd;
     let mut inputs: Vec<Buf> = Vec::new();

@@ -29,6 +29,9 @@ constexpr int QK_KSTEPS = 8;           // 16-wide k-steps of S = QK^T
 constexpr int MASK_KIND = 2;
 constexpr bool IS_THD = true;
 constexpr bool SOFTCAP = false;
+// The softmax's lazy reference max and O's skipped rescale (common/softmax.cuh),
+// taken with the softmax under the previous P V (plan's softmax_under_pv).
+constexpr bool LAZY_MAX = true;
 // Clusters of two on the one-tile entry (plan's cluster_m; see `pair` below).
 constexpr int CLUSTER_M = 1;
 
@@ -341,7 +344,15 @@ __device__ __forceinline__ void apply_mask(float (&s)[MT][BN / 8][4], const RowW
 // probabilities in place, add them to the running sum, and hand
 // `rescale(mt, r, alpha)` the factor that rescales what O has accumulated so
 // far in that row (called row by row, so O can be rescaled right there).
-template <int MT, int NT, typename Rescale>
+//
+// LAZY: the running max is only a reference, raised when a tile's maximum
+// exceeds it by more than MAX_SLACK (log2 domain); otherwise the tile's
+// probabilities are taken against the old reference (each at most
+// 2^MAX_SLACK, far inside f32 and the 16-bit types) and alpha is exactly 1,
+// so that the caller can skip rescaling O. O / l and the LSE (reference +
+// log2 l) do not depend on which reference was used.
+constexpr float MAX_SLACK = 8.f;
+template <int MT, int NT, typename Rescale, bool LAZY = false>
 __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&row_max)[MT][2],
                                                float (&row_sum)[MT][2], float scale, Rescale rescale) {
 #pragma unroll
@@ -352,9 +363,12 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&ro
 #pragma unroll
             for (int j = 0; j < NT; ++j) tile_max = fmaxf(tile_max, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
             tile_max = quad_max(tile_max);
-            const float m_new = fmaxf(row_max[mt][r], tile_max * scale);
+            const float m_old = row_max[mt][r], m_tile = tile_max * scale;
+            // Lazy: a reference of -inf is always raised by a finite tile max;
+            // a NaN tile max raises neither form.
+            const float m_new = LAZY ? (m_tile > m_old + MAX_SLACK ? m_tile : m_old) : fmaxf(m_old, m_tile);
             const float m_use = m_new == NEG_INF ? 0.f : m_new;   // fully masked so far: all p = 0
-            const float alpha = fast_exp2(row_max[mt][r] - m_use);
+            const float alpha = LAZY && m_new == m_old ? 1.f : fast_exp2(m_old - m_use);
             row_max[mt][r] = m_new;
             float sum = 0.f;
 #pragma unroll
@@ -821,9 +835,14 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             const bool edge = (n0 + BLOCK_N > w.sk) || (MASK_KIND != 0 &&
                 (win.key_lo(last_row) > n0 || win.key_hi(w.m0) < n0 + BLOCK_N - 1));
             if (edge) apply_mask<1, BLOCK_N>(acc_s, win, row0, n0 + 2 * t);
-            online_softmax<1, BLOCK_N / 8>(acc_s, row_max, row_sum, SOFTCAP ? 1.f : p.scale_log2, [&](int, int r, float a) { alpha[r] = a; });
+            auto keep = [&](int, int r, float a) { alpha[r] = a; };
+            online_softmax<1, BLOCK_N / 8, decltype(keep), LAZY_MAX>(acc_s, row_max, row_sum, SOFTCAP ? 1.f : p.scale_log2, keep);
         };
+        // With the lazy reference max, skipped by the whole warp when none of
+        // its rows raised its reference (alpha is then exactly 1): after the
+        // first key tiles, almost always.
         auto rescale_o = [&](const float (&alpha)[2]) {
+            if (LAZY_MAX && !__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) return;
 #pragma unroll
             for (int j = 0; j < DV / 8; ++j) {
                 acc_o[j][0] *= alpha[0];
@@ -890,12 +909,15 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             softmax_tile(w.n_begin, alpha);              // O is still zero: alpha unused
             pack_p();
             TRACE(EV_SOFTMAX_DONE);
+
+            mbar_wait(v_full(slot(0)), phase(0));
+            TRACE(EV_V_READY);
+
         }
         for (int it = 1; it < n_tiles; ++it) {
             mbar_wait(k_full(slot(it)), phase(it));
             TRACE(EV_K_READY | it << 8);
-            mbar_wait(v_full(slot(it - 1)), phase(it - 1));
-            TRACE(EV_V_READY | it << 8);
+
             take_turn();
             TRACE(EV_TURN | it << 8);
             wgmma_fence();
@@ -908,6 +930,13 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             float alpha[2];
             softmax_tile(w.n_begin + it * BLOCK_N, alpha);
             TRACE(EV_SOFTMAX_DONE | it << 8);
+
+            // V(it)'s wait here is also a block boundary: without it ptxas
+            // hoists the P V wait below above the softmax (to interleave P's
+            // packing into the registers that P V still reads).
+            mbar_wait(v_full(slot(it)), phase(it));
+            TRACE(EV_V_READY | it << 8);
+
             wgmma_wait<0>();                             // P(it-1) V(it-1) done
             TRACE(EV_PV_DONE | it << 8);
             release_v(it - 1);
@@ -916,8 +945,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         }
         if (n_tiles > 0) {
             release_q();                                 // every S of this tile is done
-            mbar_wait(v_full(slot(n_tiles - 1)), phase(n_tiles - 1));
-            TRACE(EV_V_READY | n_tiles << 8);
+
             take_turn();
             TRACE(EV_TURN | n_tiles << 8);
             wgmma_fence();

@@ -193,7 +193,15 @@ __device__ __forceinline__ void apply_mask(float (&s)[MT][BN / 8][4], const RowW
 // probabilities in place, add them to the running sum, and hand
 // `rescale(mt, r, alpha)` the factor that rescales what O has accumulated so
 // far in that row (called row by row, so O can be rescaled right there).
-template <int MT, int NT, typename Rescale>
+//
+// LAZY: the running max is only a reference, raised when a tile's maximum
+// exceeds it by more than MAX_SLACK (log2 domain); otherwise the tile's
+// probabilities are taken against the old reference (each at most
+// 2^MAX_SLACK, far inside f32 and the 16-bit types) and alpha is exactly 1,
+// so that the caller can skip rescaling O. O / l and the LSE (reference +
+// log2 l) do not depend on which reference was used.
+constexpr float MAX_SLACK = 8.f;
+template <int MT, int NT, typename Rescale, bool LAZY = false>
 __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&row_max)[MT][2],
                                                float (&row_sum)[MT][2], float scale, Rescale rescale) {
 #pragma unroll
@@ -204,9 +212,12 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&ro
 #pragma unroll
             for (int j = 0; j < NT; ++j) tile_max = fmaxf(tile_max, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
             tile_max = quad_max(tile_max);
-            const float m_new = fmaxf(row_max[mt][r], tile_max * scale);
+            const float m_old = row_max[mt][r], m_tile = tile_max * scale;
+            // Lazy: a reference of -inf is always raised by a finite tile max;
+            // a NaN tile max raises neither form.
+            const float m_new = LAZY ? (m_tile > m_old + MAX_SLACK ? m_tile : m_old) : fmaxf(m_old, m_tile);
             const float m_use = m_new == NEG_INF ? 0.f : m_new;   // fully masked so far: all p = 0
-            const float alpha = fast_exp2(row_max[mt][r] - m_use);
+            const float alpha = LAZY && m_new == m_old ? 1.f : fast_exp2(m_old - m_use);
             row_max[mt][r] = m_new;
             float sum = 0.f;
 #pragma unroll

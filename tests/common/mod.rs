@@ -136,6 +136,11 @@ pub struct Case {
     pub mem: Mem,
     pub window: (i32, i32),
     pub softcap: f32,
+    /// K scaled by a factor that moves linearly from 1 to `1 + key_ramp` along
+    /// the keys (dense BSHD: key position; THD: token index): scores that keep
+    /// growing (or, negative, shrinking) far past one key tile's spread, so
+    /// that a forward's running max is raised again and again (forward suite).
+    pub key_ramp: f32,
 }
 
 /// A dense case: `b` sequences of (sq, sk), BSHD unless `.mem(..)` says otherwise.
@@ -149,6 +154,7 @@ pub fn dense(spec: &'static str, b: usize, hq: usize, hkv: usize, sq: usize, sk:
         mem: Mem::Bshd,
         window: (-1, -1),
         softcap: 0.0,
+        key_ramp: 0.0,
     }
 }
 
@@ -163,6 +169,7 @@ pub fn thd(spec: &'static str, hq: usize, hkv: usize, lens: &[(usize, usize)]) -
         mem: Mem::Bshd,
         window: (-1, -1),
         softcap: 0.0,
+        key_ramp: 0.0,
     }
 }
 
@@ -177,6 +184,10 @@ impl Case {
     }
     pub fn softcap(mut self, c: f32) -> Self {
         self.softcap = c;
+        self
+    }
+    pub fn key_ramp(mut self, r: f32) -> Self {
+        self.key_ramp = r;
         self
     }
 }
