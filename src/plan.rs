@@ -114,7 +114,7 @@ pub struct KernelPlan {
     /// cores; V's wait sits between the softmax and the P·V wait, so that
     /// ptxas cannot hoist that wait above the softmax (it does, to interleave
     /// P's packing). With it, the softmax keeps a lazy reference max (raised
-    /// only past a slack of 2^8) and the warp skips O's rescale when no row
+    /// only past a slack of 8, log2 domain) and the warp skips O's rescale when no row
     /// raised it; the two were measured together. Off at block_n > 160
     /// (both measured slower there). Absent elsewhere.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -522,7 +522,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         reasons.push(
             "the softmax of the next tile runs under this tile's P V (V's wait placed between them, so that ptxas \
              keeps the P V wait after the softmax); lazy reference max, O rescaled only when a row of the warp \
-             raised it by more than 2^8"
+             raised it (a tile max more than 8 above it, log2 domain)"
                 .into(),
         );
     } else if consumer_pipelined {
@@ -722,7 +722,7 @@ mod tests {
             assert_eq!(p.softmax_under_pv, under, "{spec}: block_n {}", p.block_n);
             assert_eq!(p.softmax_under_pv, p.block_n <= SM90A_SOFTMAX_UNDER_PV_MAX_BN);
             let why = if under {
-                "under this tile's P V"
+                "the next tile runs under this tile's P V"
             } else {
                 "the P V wait before the softmax"
             };
