@@ -189,6 +189,33 @@ pub fn plan(spec: &AttnSpec) -> Result<KernelPlan, PlanError> {
     }
 }
 
+/// The spec's kernel on the sm80 instruction path (`fwd_sm80.cu`,
+/// `bwd_sm80.cu`: mma.sync, cp.async) for any arch, sm90a included where the
+/// planner takes the wgmma templates: for comparing the two paths on Hopper
+/// and for timing changes to the sm80 path there (`attnforge compile --path
+/// sm80`). On sm90a the first reason names the planner's own template.
+pub fn plan_sm80_path(spec: &AttnSpec) -> Result<KernelPlan, PlanError> {
+    let planned = plan(spec)?;
+    let mut p = match spec.direction {
+        Direction::Fwd => plan_fwd_sm80(spec),
+        Direction::Bwd => plan_bwd::plan_bwd_sm80(spec).ok_or_else(|| PlanError {
+            spec: spec.to_string(),
+            reason: "no sm80-path backward tile shape fits this arch's shared memory and registers".into(),
+        })?,
+    };
+    if planned.template != p.template {
+        p.reasons.insert(
+            0,
+            format!(
+                "sm80 instruction path requested: {} instead of the planner's {}",
+                p.template.file(),
+                planned.template.file()
+            ),
+        );
+    }
+    Ok(p)
+}
+
 /// Tile shape of the sm80 forward: warps per block, 16-row MMA tiles per
 /// warp, keys per main-loop step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -706,6 +733,31 @@ mod tests {
         assert_eq!(plan(&w).unwrap().block_m, 64);
         w.layout = Layout::Dense;
         assert_eq!(plan(&w).unwrap().block_m, 128);
+    }
+
+    #[test]
+    fn the_sm80_path_can_be_asked_for_on_sm90a() {
+        for (s, template) in [
+            ("fwd.bf16.d128.none.dense.sm90a", Template::FwdSm80),
+            ("bwd.bf16.d128.causal-br.thd.sm90a", Template::BwdSm80),
+            ("fwd.f16.d64.window.thd.softcap.sm80", Template::FwdSm80),
+        ] {
+            let spec: AttnSpec = s.parse().unwrap();
+            let p = plan_sm80_path(&spec).unwrap();
+            assert_eq!(p.template, template, "{s}");
+            assert_eq!(p.spec, spec);
+            // Said where it differs from the planner's choice, and only there.
+            let differs = plan(&spec).unwrap().template != template;
+            assert_eq!(
+                p.reasons[0].starts_with("sm80 instruction path requested"),
+                differs,
+                "{s}: {:?}",
+                p.reasons
+            );
+        }
+        // A spec that fails validation fails here too, with the planner's error.
+        let bad = AttnSpec::fwd(DType::Bf16, 300, Mask::None, Layout::Dense, Arch::Sm90a);
+        assert_eq!(plan_sm80_path(&bad).unwrap_err(), plan(&bad).unwrap_err());
     }
 
     #[test]

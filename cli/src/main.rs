@@ -63,6 +63,11 @@ enum Cmd {
         /// Output file (required for cubin; `-` or absent = stdout for cu/ptx).
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// Instruction path: the planner's choice, or the sm80 path (mma.sync
+        /// templates) on any arch, e.g. to compare it with wgmma on sm90a. An
+        /// sm80-path cubin is compiled fresh (not cached).
+        #[arg(long, value_enum, default_value_t = PathArg::Planner)]
+        path: PathArg,
     },
     /// Print the kernel plan for a spec and why each choice was made.
     Plan {
@@ -71,6 +76,9 @@ enum Cmd {
         /// The plan as JSON (the form the cache's metadata keeps), for scripts.
         #[arg(long)]
         json: bool,
+        /// Instruction path, as for `compile`.
+        #[arg(long, value_enum, default_value_t = PathArg::Planner)]
+        path: PathArg,
     },
     /// Inspect and maintain the kernel cache.
     Cache {
@@ -103,6 +111,23 @@ enum CacheCmd {
     },
     /// Print the writable cache root.
     Path,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PathArg {
+    /// The planner's template for the spec's arch.
+    Planner,
+    /// The sm80 instruction path (`fwd_sm80.cu` / `bwd_sm80.cu`).
+    Sm80,
+}
+
+/// The plan of `spec` on the requested instruction path.
+fn plan_on(spec: &AttnSpec, path: PathArg) -> Result<attnforge::plan::KernelPlan, String> {
+    match path {
+        PathArg::Planner => plan(spec),
+        PathArg::Sm80 => attnforge::plan::plan_sm80_path(spec),
+    }
+    .map_err(|e| e.to_string())
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -249,9 +274,9 @@ fn write_out(output: Option<&PathBuf>, bytes: &[u8]) -> CliResult {
     }
 }
 
-fn compile(spec: &str, emit: EmitArg, output: Option<PathBuf>) -> CliResult {
+fn compile(spec: &str, emit: EmitArg, output: Option<PathBuf>, path_arg: PathArg) -> CliResult {
     let spec = parse_spec(spec)?;
-    let plan = plan(&spec).map_err(|e| e.to_string())?;
+    let plan = plan_on(&spec, path_arg)?;
     let rendered = render::render(&plan).map_err(|e| e.to_string())?;
     match emit {
         EmitArg::Cu => write_out(output.as_ref(), rendered.source.as_bytes()),
@@ -272,8 +297,17 @@ fn compile(spec: &str, emit: EmitArg, output: Option<PathBuf>) -> CliResult {
             let Some(path) = output.filter(|p| p.as_os_str() != "-") else {
                 return Err("--emit cubin writes binary data: give an output file with -o FILE".into());
             };
-            let r = Jit::global().build(&spec).map_err(|e| e.to_string())?;
-            let k = &r.kernel;
+            // The planner's kernel through the cache; another path's compiled here.
+            let (k, origin) = match path_arg {
+                PathArg::Planner => {
+                    let r = Jit::global().build(&spec).map_err(|e| e.to_string())?;
+                    (r.kernel, r.origin)
+                }
+                PathArg::Sm80 => (
+                    std::sync::Arc::new(attnforge::jit::build_plan(plan).map_err(|e| e.to_string())?),
+                    Origin::Compiled,
+                ),
+            };
             write_out(Some(&path), &k.cubin)?;
             eprintln!(
                 "{}: {} bytes, {} registers, {} B stack, {}/{} B spill st/ld, {} B smem ({:?}, key {})",
@@ -284,7 +318,7 @@ fn compile(spec: &str, emit: EmitArg, output: Option<PathBuf>) -> CliResult {
                 k.meta.spill_stores,
                 k.meta.spill_loads,
                 k.meta.smem_dynamic + k.meta.smem_static,
-                r.origin,
+                origin,
                 k.key
             );
             Ok(())
@@ -446,10 +480,15 @@ fn run(cli: Cli) -> CliResult {
             jobs,
             quiet,
         } => prebuild(&arch, &matrix, jobs, quiet),
-        Cmd::Compile { spec, emit, output } => compile(&spec, emit, output),
-        Cmd::Plan { spec, json } => {
+        Cmd::Compile {
+            spec,
+            emit,
+            output,
+            path,
+        } => compile(&spec, emit, output, path),
+        Cmd::Plan { spec, json, path } => {
             let spec = parse_spec(&spec)?;
-            let p = plan(&spec).map_err(|e| e.to_string())?;
+            let p = plan_on(&spec, path)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&p).map_err(|e| e.to_string())?);
             } else {

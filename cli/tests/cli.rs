@@ -166,6 +166,51 @@ fn plan_and_help_describe_the_spec() {
 }
 
 #[test]
+fn the_sm80_path_on_sm90a_by_request() {
+    // The plan: the sm80 template, and the reason says what the planner takes.
+    let out = run(bin().args(["plan", "bwd.bf16.d128.none.dense.sm90a", "--path", "sm80"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(s.contains("template    bwd_sm80.cu"), "{s}");
+    assert!(
+        s.contains("sm80 instruction path requested: bwd_sm80.cu instead of the planner's bwd_sm90a.cu"),
+        "{s}"
+    );
+    let out = run(bin().args(["plan", "bwd.bf16.d128.none.dense.sm90a"]));
+    assert!(text(&out.stdout).contains("template    bwd_sm90a.cu"));
+    // Its source, and a bad value is a clean error.
+    let out = run(bin().args([
+        "compile",
+        "fwd.bf16.d128.none.dense.sm90a",
+        "--emit",
+        "cu",
+        "--path",
+        "sm80",
+    ]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("mma.sync.aligned.m16n8k16"));
+    assert!(!text(&out.stdout).contains("wgmma.mma_async"));
+    assert_clean_failure(
+        &run(bin().args(["plan", "fwd.bf16.d64.none.dense.sm90a", "--path", "sm70"])),
+        "sm70",
+    );
+    if !nvrtc_available() {
+        return;
+    }
+    // A cubin, compiled fresh for sm_90a.
+    let dir = tempfile::tempdir().unwrap();
+    let cubin = dir.path().join("k.cubin");
+    let out = run(bin()
+        .args(["compile", "fwd.bf16.d64.causal-br.thd.sm90a", "--path", "sm80", "-o"])
+        .arg(&cubin)
+        .env("ATTNFORGE_CACHE_DIR", dir.path().join("cache")));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("(Compiled, key"), "{}", text(&out.stderr));
+    let bytes = std::fs::read(&cubin).unwrap();
+    assert_eq!(&bytes[..4], b"\x7fELF");
+}
+
+#[test]
 fn prebuild_then_hits_then_repairs_a_damaged_entry() {
     if !nvrtc_available() {
         return;
