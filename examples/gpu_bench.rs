@@ -841,8 +841,10 @@ fn trace80b(rng: &mut rand::rngs::StdRng) {
 /// Same-process A/B of the planner's kernels against carried cubins
 /// (`--ab DIR[,DIR...]`, session step `ab`, dirs from `scripts/ab-cubins.sh REV DIR`):
 /// the sm90a forward (`{spec}.c{consumers}.bn{block_n}.st{stages}.cubin`, both
-/// entries, the launcher's rule: the walk for short keys) and the d256
-/// backward on the sm80 instruction path (`{spec}.cubin`), each cubin built
+/// entries, the launcher's rule: the walk for short keys), the d256
+/// backward on the sm80 instruction path (`{spec}.cubin`), and the sm80
+/// path's forward and d64/d128 backward where the planner takes wgmma
+/// (`{spec}.sm80path.cubin`, `attnforge compile --path sm80`), each cubin built
 /// from another tree with the same launch geometry. Every module is timed as
 /// the peers are, in five interleaved rounds on the same inputs, each round
 /// starting at the next module; the median per module.
@@ -926,18 +928,57 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
             );
         }
     }
+    // The sm80 instruction path's forward where the planner takes wgmma
+    // (`attnforge compile --path sm80`; DIR holds `{spec}.sm80path.cubin`).
+    for (d, causal, s) in [(128usize, false, 8192usize), (128, true, 8192), (256, false, 8192)] {
+        let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
+        let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, Arch::Sm90a);
+        let plan = attnforge::plan::plan_sm80_path(&spec).expect("sm80-path plan");
+        let planned = attnforge::jit::build_plan(plan).expect("build");
+        let runs = modules(&spec, &planned, &format!("{spec}.sm80path.cubin"));
+        if runs.len() < 2 {
+            continue;
+        }
+        let (h, b) = (2048 / d, 16384 / s);
+        let (_buffers, fa) = fwd_problem(b, h, s, d, rng);
+        let flops = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 };
+        // SAFETY: buffers sized for the problem.
+        let mut run = |i: usize| unsafe { launch::launch_fwd(&runs[i].1, &fa, std::ptr::null_mut()).expect("launch") };
+        let figures = rounds(runs.len(), &mut run, flops);
+        for ((name, _), f) in runs.iter().zip(&figures) {
+            report(&format!("fwd80 d={d:<3} s={s:<5} causal={causal:<5}"), name, f, "");
+        }
+    }
     // The backward on the sm80 instruction path (d256: the planner's choice
-    // on sm90a), the whole backward (_pre, main, _dq_convert) timed; DIR
-    // holds `{spec}.cubin` of the same launch geometry.
-    for (d, causal, s) in [(256usize, false, 2048usize), (256, false, 8192), (256, true, 8192)] {
+    // on sm90a, `{spec}.cubin`; d64 and d128, where the planner takes wgmma:
+    // `{spec}.sm80path.cubin`), the whole backward (_pre, main, _dq_convert)
+    // timed; DIR holds cubins of the same launch geometry.
+    for (d, causal, s) in [
+        (256usize, false, 2048usize),
+        (256, false, 8192),
+        (256, true, 8192),
+        (64, false, 8192),
+        (128, false, 8192),
+    ] {
         let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
         let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, Arch::Sm90a);
         let bspec = AttnSpec {
             direction: attnforge::Direction::Bwd,
             ..spec
         };
-        let planned = attnforge::get_or_build(&bspec).expect("build");
-        let runs = modules(&bspec, &planned, &format!("{bspec}.cubin"));
+        let plan = attnforge::plan::plan_sm80_path(&bspec).expect("sm80-path plan");
+        let (planned, file) = if plan.template == attnforge::plan::plan(&bspec).expect("plan").template {
+            (
+                (*attnforge::get_or_build(&bspec).expect("build")).clone(),
+                format!("{bspec}.cubin"),
+            )
+        } else {
+            (
+                attnforge::jit::build_plan(plan).expect("build"),
+                format!("{bspec}.sm80path.cubin"),
+            )
+        };
+        let runs = modules(&bspec, &planned, &file);
         if runs.len() < 2 {
             continue;
         }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the cubins of another revision for `gpu_bench --ab` (session step
 # `ab`): a worktree of REV, its CLI, and one cubin per cell of the A/B (sm90a
-# forward; d256 backward), named as gpu_bench looks them up, into DIR
+# forward; d256 backward; the sm80 path's forward and d64/d128 backward),
+# named as gpu_bench looks them up, into DIR
 # (default .gpu/ab).
 #   usage: scripts/ab-cubins.sh REV [DIR]      (NVRTC as for `make sweep`)
 set -euo pipefail
@@ -24,5 +25,13 @@ done
 # The backward cells (the sm80 instruction path at d256), named by spec.
 for spec in bwd.bf16.d256.none.dense.sm90a bwd.bf16.d256.causal-tl.dense.sm90a; do
   "$cli" compile "$spec" -o "$dir/$spec.cubin"
+done
+# The sm80 instruction path where the planner takes wgmma (issue 3's figures
+# on the H200), named {spec}.sm80path.cubin; revisions before `compile --path`
+# have no such cubins, and the A/B skips those cells.
+for spec in fwd.bf16.d128.none.dense.sm90a fwd.bf16.d128.causal-tl.dense.sm90a fwd.bf16.d256.none.dense.sm90a \
+            bwd.bf16.d64.none.dense.sm90a bwd.bf16.d128.none.dense.sm90a; do
+  "$cli" compile "$spec" --path sm80 -o "$dir/$spec.sm80path.cubin" \
+    || echo "ab-cubins: $rev's CLI has no --path: no sm80-path cubin for $spec"
 done
 ls -la "$dir"
