@@ -889,26 +889,39 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
             f.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" "),
         );
     };
-    for (d, causal, s) in [
-        (64usize, false, 512usize),
-        (128, false, 512),
-        (128, true, 512),
-        (256, false, 512),
-        (128, false, 2048),
-        (256, false, 2048),
-        (128, false, 8192),
-        (128, true, 16384),
-        (256, true, 16384),
+    // The planner's sm90a forward (`{spec}.c{consumers}.bn{block_n}.st{stages}.cubin`)
+    // and, marked `fwd80`, the sm80 instruction path's forward where the
+    // planner takes wgmma (`attnforge compile --path sm80`, `{spec}.sm80path.cubin`).
+    for (sm80, d, causal, s) in [
+        (false, 64usize, false, 512usize),
+        (false, 128, false, 512),
+        (false, 128, true, 512),
+        (false, 256, false, 512),
+        (false, 128, false, 2048),
+        (false, 256, false, 2048),
+        (false, 128, false, 8192),
+        (false, 128, true, 16384),
+        (false, 256, true, 16384),
+        (true, 128, false, 8192),
+        (true, 128, true, 8192),
+        (true, 256, false, 8192),
     ] {
         let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
         let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, Arch::Sm90a);
-        let planned = attnforge::get_or_build(&spec).expect("build");
-        let file = format!(
-            "{spec}.c{}.bn{}.st{}.cubin",
-            planned.plan.block_m / 64,
-            planned.plan.block_n,
-            planned.plan.stages
-        );
+        let (planned, file, what) = if sm80 {
+            let plan = attnforge::plan::plan_sm80_path(&spec).expect("sm80-path plan");
+            let k = attnforge::jit::build_plan(plan).expect("build");
+            (k, format!("{spec}.sm80path.cubin"), "fwd80 ")
+        } else {
+            let k = (*attnforge::get_or_build(&spec).expect("build")).clone();
+            let file = format!(
+                "{spec}.c{}.bn{}.st{}.cubin",
+                k.plan.block_m / 64,
+                k.plan.block_n,
+                k.plan.stages
+            );
+            (k, file, "")
+        };
         let runs = modules(&spec, &planned, &file);
         if runs.len() < 2 {
             continue;
@@ -921,32 +934,11 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
         let figures = rounds(runs.len(), &mut run, flops);
         for ((name, lk), f) in runs.iter().zip(&figures) {
             report(
-                &format!("d={d:<3} s={s:<5} causal={causal:<5}"),
+                &format!("{what}d={d:<3} s={s:<5} causal={causal:<5}"),
                 name,
                 f,
                 entry_of(lk, &fa),
             );
-        }
-    }
-    // The sm80 instruction path's forward where the planner takes wgmma
-    // (`attnforge compile --path sm80`; DIR holds `{spec}.sm80path.cubin`).
-    for (d, causal, s) in [(128usize, false, 8192usize), (128, true, 8192), (256, false, 8192)] {
-        let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
-        let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, Arch::Sm90a);
-        let plan = attnforge::plan::plan_sm80_path(&spec).expect("sm80-path plan");
-        let planned = attnforge::jit::build_plan(plan).expect("build");
-        let runs = modules(&spec, &planned, &format!("{spec}.sm80path.cubin"));
-        if runs.len() < 2 {
-            continue;
-        }
-        let (h, b) = (2048 / d, 16384 / s);
-        let (_buffers, fa) = fwd_problem(b, h, s, d, rng);
-        let flops = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 };
-        // SAFETY: buffers sized for the problem.
-        let mut run = |i: usize| unsafe { launch::launch_fwd(&runs[i].1, &fa, std::ptr::null_mut()).expect("launch") };
-        let figures = rounds(runs.len(), &mut run, flops);
-        for ((name, _), f) in runs.iter().zip(&figures) {
-            report(&format!("fwd80 d={d:<3} s={s:<5} causal={causal:<5}"), name, f, "");
         }
     }
     // The backward on the sm80 instruction path (d256: the planner's choice
