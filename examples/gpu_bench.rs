@@ -187,13 +187,10 @@ fn bhsd_args(qkvo: [u64; 4], lse: u64, b: usize, h: usize, s: usize, d: usize) -
 
 /// Build a kernel for `spec` with an explicit tile shape (tuning), or None when it spills.
 fn build_variant(spec: &AttnSpec, tiles: attnforge::plan::FwdTiles) -> Option<attnforge::CompiledKernel> {
-    let k = attnforge::jit::build_plan(attnforge::plan::plan_fwd_sm80_with(spec, tiles)).ok()?;
-    let spills = k.meta.spill_stores + k.meta.spill_loads;
-    if spills > 0 {
-        println!("{spec} {tiles:?}: spills {spills} B, skipped");
-        return None;
-    }
-    Some(k)
+    // Spilling variants are timed too (the tune line says how much): a spill
+    // of a loop-invariant value may cost nothing, and the figure tells
+    // whether making the shape spill-free is worth the work.
+    attnforge::jit::build_plan(attnforge::plan::plan_fwd_sm80_with(spec, tiles)).ok()
 }
 
 /// TFLOP/s of the sm80 instruction path on `fa` when the planner chose
@@ -233,7 +230,7 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
     };
     let variants: &[(usize, &[FwdTiles])] = &[
         (64, &[t(4, 2, 64), t(4, 1, 64), t(8, 1, 64), t(4, 1, 128), t(4, 2, 32)]),
-        (128, &[t(8, 1, 64), t(4, 1, 64), t(4, 2, 32), t(8, 1, 32), t(4, 1, 128)]),
+        (128, &[t(4, 2, 32), t(4, 2, 64), t(8, 1, 64), t(4, 1, 64), t(8, 1, 32)]),
         (256, &[t(4, 1, 32), t(4, 1, 64), t(8, 1, 32), t(8, 1, 64), t(8, 1, 16)]),
     ];
     let s = 8192;
@@ -261,8 +258,13 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
                 );
                 let tf = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 } / ms / 1e9;
                 println!(
-                    "tune d={d:<3} causal={causal:<5} warps={} mt={} bn={:<3} regs={:<3} smem={:<6} {tf:6.1} TFLOP/s",
-                    tiles.num_warps, tiles.m_tiles_per_warp, k.plan.block_n, k.meta.registers, k.plan.smem_bytes
+                    "tune d={d:<3} causal={causal:<5} warps={} mt={} bn={:<3} regs={:<3} spills={:<3} smem={:<6} {tf:6.1} TFLOP/s",
+                    tiles.num_warps,
+                    tiles.m_tiles_per_warp,
+                    k.plan.block_n,
+                    k.meta.registers,
+                    k.meta.spill_stores + k.meta.spill_loads,
+                    k.plan.smem_bytes
                 );
             }
         }

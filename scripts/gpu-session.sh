@@ -5,9 +5,10 @@
 # a subset, the same-run benchmark and the sm90a forward tile variants. Prints
 # one summary line per step; logs and reports go to $OUT (or ./gpu-results).
 #   usage: scripts/gpu-session.sh [steps...]   (default: bwd fwd py memcheck bench)
-#          steps: bwd fwd py memcheck bench tune90 trace90 trace80b ab
+#          steps: bwd fwd py memcheck bench tune tune90 trace90 trace80b ab
+#          (tune: the sm80 forward's tile shapes, `gpu_bench --tune`)
 # Limits (seconds) can be set by env: LIMIT_BWD LIMIT_FWD LIMIT_PY LIMIT_MEMCHECK
-# LIMIT_BENCH LIMIT_TUNE90 LIMIT_TRACE90 LIMIT_TRACE80B LIMIT_AB; ATTNFORGE_SANITIZE_CASES picks the memcheck subset.
+# LIMIT_BENCH LIMIT_TUNE LIMIT_TUNE90 LIMIT_TRACE90 LIMIT_TRACE80B LIMIT_AB; ATTNFORGE_SANITIZE_CASES picks the memcheck subset.
 # AB_DIRS: the comma-separated cubin dirs of step ab (default .gpu/ab; scripts/ab-cubins.sh REV DIR).
 # Measured on the H200 (2026-12-03): bwd 45 s, fwd 225 s, py 70 s, memcheck
 # 12 s, bench 146 s (before the wgmma backward options got their columns:
@@ -71,6 +72,7 @@ for step in "${steps[@]}"; do
         echo "memcheck: skipped (no compute-sanitizer)"
       fi ;;
     bench) mkdir -p "$out/bench"; run gpu-bench "${LIMIT_BENCH:-300}" env OUT="$out/bench" scripts/gpu-bench.sh ;;
+    tune) run tune "${LIMIT_TUNE:-120}" .gpu/gpu_bench --tune ;;
     tune90) run tune90 "${LIMIT_TUNE90:-120}" .gpu/gpu_bench --tune90 ;;
     # Where the time goes: tracing builds of the sm90a forward (per-tile
     # waits and work of each warpgroup) and of the sm80-path backward (each
