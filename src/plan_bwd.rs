@@ -85,11 +85,14 @@ pub struct BwdPlan {
     /// where the registers allow it; the compile sweep checks for spills).
     #[serde(default)]
     pub dq_frags_once: bool,
-    /// The dQ phase (its reductions) runs before the dV/dK phase instead of
-    /// after it, so that the reductions drain while dV and dK are computed
-    /// (d64 8k: +8% on the H200; d128 and d256 lose 2-6%, so only d <= 64).
+    /// dV and dK are accumulated inside the S phase from the P and dS that
+    /// the S phase leaves in registers (its Sᵀ accumulator layout is the
+    /// A-operand layout of PᵀdO and dSᵀQ): possible where the three warp grids
+    /// coincide with each warp owning whole kv rows of Sᵀ (every query column),
+    /// which the planner's d <= 64 shape does. Pᵀ then never goes to shared
+    /// memory and the separate dV/dK phase disappears.
     #[serde(default)]
-    pub dq_first: bool,
+    pub kv_in_regs: bool,
 }
 
 /// Entry symbols of a backward CUBIN, derived from `KernelPlan::entry`.
@@ -112,6 +115,12 @@ impl BwdEntries {
             dq: format!("{}_dq", plan.entry),
         }
     }
+}
+
+/// Whether dV and dK can be accumulated from the S phase's registers: the
+/// three warp grids are equal and each warp owns whole kv rows of Sᵀ.
+fn kv_in_regs(warps_s: (u32, u32), warps_dk: (u32, u32), warps_dv: (u32, u32)) -> bool {
+    warps_s.1 == 1 && warps_dk == warps_s && warps_dv == warps_s
 }
 
 fn round_up(x: u32, m: u32) -> u32 {
@@ -429,9 +438,15 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
         "main: {} warps, block_n={} kv rows x block_m={} query rows; warp grids S {:?}, dK {:?}, dV {:?}, dQ {:?}; S/dQ accumulators in chunks of <= {} f32; ~{} regs/thread estimated",
         main.num_warps, main.block_n, main.block_m, main.warps_s, main.warps_dk, main.warps_dv, main.warps_dq, main.acc_chunk, main.regs
     ));
+    let kv_in_regs = kv_in_regs(main.warps_s, main.warps_dk, main.warps_dv);
     reasons.push(format!(
-        "main: Q/dO {}-stage cp.async pipeline, Pᵀ/dSᵀ through shared memory: {} B (arch limit {} B)",
+        "main: Q/dO {}-stage cp.async pipeline, {}: {} B of shared memory (arch limit {} B)",
         main.q_stages,
+        match (kv_in_regs, spec.deterministic) {
+            (true, true) => "Pᵀ and dSᵀ stay in registers",
+            (true, false) => "dSᵀ through shared memory (for dQ)",
+            _ => "Pᵀ/dSᵀ through shared memory",
+        },
         main.smem,
         spec.arch.max_smem_per_block()
     ));
@@ -441,9 +456,11 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
     if dq_frags_once {
         reasons.push("fast: the dQ phase reads dS from shared memory once for all its column chunks".into());
     }
-    let dq_first = !spec.deterministic && dmax <= 64;
-    if dq_first {
-        reasons.push("fast: the dQ phase runs before dV/dK, so that its reductions drain under them".into());
+    if kv_in_regs {
+        reasons.push(format!(
+            "main: warp grids S, dK and dV coincide ({:?}, whole query rows per warp): dV and dK accumulate in the S phase from P and dS in registers, Pᵀ never goes to shared memory",
+            main.warps_s
+        ));
     }
     let (dq_block_m, dq_block_n, dq_warps, dq_kv_stages, dq_smem_bytes) = if spec.deterministic {
         let (m, n, w, st, smem, regs) = try_dq(spec, dqk, dv)?;
@@ -477,7 +494,7 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
         row_warps: ROW_WARPS,
         acc_chunk: main.acc_chunk,
         dq_frags_once,
-        dq_first,
+        kv_in_regs,
     };
     Some(KernelPlan {
         spec: *spec,
@@ -637,7 +654,7 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<Ker
         row_warps: ROW_WARPS,
         acc_chunk: 0,
         dq_frags_once: false,
-        dq_first: false,
+        kv_in_regs: false,
     };
     Ok(KernelPlan {
         spec: *spec,
@@ -761,7 +778,7 @@ mod tests {
                 !spec.deterministic && dmax == 256 && b.acc_chunk == 16,
                 "{spec}"
             );
-            assert_eq!(b.dq_first, !spec.deterministic && dmax <= 64, "{spec}");
+            assert_eq!(b.kv_in_regs, kv_in_regs(b.warps_s, b.warps_dk, b.warps_dv), "{spec}");
             if spec.deterministic {
                 assert_eq!(b.dq_block_m, 16 * b.dq_warps);
             }
@@ -850,6 +867,34 @@ mod tests {
         // Other head dims keep the general choice (the register estimate).
         assert_eq!(shape("bwd.bf16.d96.none.dense.sm80").0, 8);
         assert_eq!(shape("bwd.bf16.d256.none.dense.sm80").0, 8);
+    }
+
+    #[test]
+    fn dv_dk_from_registers_where_the_warp_grids_coincide() {
+        let planned = |s: &str| plan_bwd_sm80(&s.parse().unwrap()).unwrap().bwd.unwrap().kv_in_regs;
+        // The measured d64 shape: S, dK and dV all (4, 1), whole query rows per warp.
+        for s in [
+            "bwd.bf16.d64.none.dense.sm80",
+            "bwd.f16.d64.none.dense.det.sm90a",
+            "bwd.bf16.d64.causal-br.thd.sm90a",
+            "bwd.bf16.d64.window.thd.softcap.sm80",
+        ] {
+            assert!(planned(s), "{s}");
+        }
+        // S (4, 2) against dV (4, 2) at d128: a warp holds half the query
+        // columns of its kv rows, so P goes through shared memory.
+        for s in [
+            "bwd.bf16.d128.none.dense.sm80",
+            "bwd.bf16.d256.none.dense.sm80",
+            "bwd.bf16.d32.none.dense.sm80",
+        ] {
+            assert!(!planned(s), "{s}");
+        }
+        assert!(kv_in_regs((4, 1), (4, 1), (4, 1)) && kv_in_regs((8, 1), (8, 1), (8, 1)));
+        assert!(!kv_in_regs((4, 2), (4, 2), (4, 2)) && !kv_in_regs((4, 1), (2, 2), (4, 1)));
+        // The plan says so.
+        let p = plan_bwd_sm80(&"bwd.bf16.d64.none.dense.sm80".parse().unwrap()).unwrap();
+        assert!(p.reasons.iter().any(|r| r.contains("Pᵀ never goes to shared memory")));
     }
 
     #[test]

@@ -20,7 +20,6 @@ use crate::spec::{DType, Layout, Mask};
 pub const TEMPLATES: &[(&str, &str)] = &[
     ("fwd_sm80.cu", include_str!("../templates/fwd_sm80.cu")),
     ("bwd_sm80.cu", include_str!("../templates/bwd_sm80.cu")),
-    ("bwd_sm80_dq.cuh", include_str!("../templates/bwd_sm80_dq.cuh")),
     ("fwd_sm90a.cu", include_str!("../templates/fwd_sm90a.cu")),
     ("bwd_sm90a.cu", include_str!("../templates/bwd_sm90a.cu")),
     (
@@ -173,7 +172,7 @@ struct BwdContext {
     dqb_stages: u32,
     acc_chunk: u32,
     dq_frags_once: bool,
-    dq_first: bool,
+    kv_in_regs: bool,
     head_major: bool,
 }
 
@@ -259,7 +258,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
             dqb_stages: b.dq_kv_stages,
             acc_chunk: b.acc_chunk,
             dq_frags_once: b.dq_frags_once,
-            dq_first: b.dq_first,
+            kv_in_regs: b.kv_in_regs,
             head_major: plan.head_major,
         })
         .map_err(ctx_err)?,

@@ -53,9 +53,7 @@ constexpr int DQ_ROWS = BLOCK_M / DQ_WM, DQ_COLS = DQK / DQ_WD;
 // accumulators (on top of the dK/dV accumulators held for the whole block)
 // stay within ACC_CHUNK f32 per thread per array (the plan's choice): a chunk
 // re-reads the A operand from shared memory, for fewer live registers.
-constexpr int ACC_CHUNK = {{ acc_chunk }};{% if dq_first %}
-// The dQ phase runs before the dV/dK phase (the plan's dq_first), so that its
-// reductions drain while dV and dK are computed.{% endif %}
+constexpr int ACC_CHUNK = {{ acc_chunk }};
 // Largest even divisor of nt with mt * 4 * divisor <= ACC_CHUNK (2 at least).
 constexpr int chunk_nt(int mt, int nt) {
     int best = 2;
@@ -371,6 +369,45 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 } else {
                     scores(false);
                 }
+{%- if kv_in_regs %}
+                // dV += P^T dO and dK += dS^T Q over this chunk's query rows (NT / 2
+                // k-steps). This warp owns the same kv rows in all three grids, and
+                // the accumulators of two n8 tiles are the A operand of one k-step,
+                // so P and dS feed the products from registers.
+                static_assert(S_WM == 1 && DV_WD == 1 && DK_WD == 1 && DV_ROWS == S_ROWS && DK_ROWS == S_ROWS,
+                              "kv_in_regs needs coinciding warp grids");
+#pragma unroll
+                for (int kk = 0; kk < NT / 2; ++kk) {
+                    unsigned ap[MT][4], ads[MT][4];
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                        for (int h2 = 0; h2 < 2; ++h2) {
+                            const float* s0 = acc_s[mt][2 * kk + h2];
+                            const float* d0 = acc_dp[mt][2 * kk + h2];
+                            ap[mt][2 * h2] = pack2(s0[0], s0[1]);
+                            ap[mt][2 * h2 + 1] = pack2(s0[2], s0[3]);
+                            ads[mt][2 * h2] = pack2(d0[0], d0[1]);
+                            ads[mt][2 * h2 + 1] = pack2(d0[2], d0[3]);
+                        }
+                    }
+#pragma unroll
+                    for (int np = 0; np < DV / 16; ++np) {
+                        unsigned bv[4];
+                        load_b<true>(bv, sdOa, PITCH_V, np * 16, c0 + kk * 16, lane);
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) mma_pair(acc_dv[mt][2 * np], acc_dv[mt][2 * np + 1], ap[mt], bv, false);
+                    }
+#pragma unroll
+                    for (int np = 0; np < DQK / 16; ++np) {
+                        unsigned bq[4];
+                        load_b<true>(bq, sQa, PITCH_QK, np * 16, c0 + kk * 16, lane);
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) mma_pair(acc_dk[mt][2 * np], acc_dk[mt][2 * np + 1], ads[mt], bq, false);
+                    }
+                }
+{%- endif %}
+{%- if not kv_in_regs or not deterministic %}
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -378,30 +415,77 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
                         for (int r = 0; r < 2; ++r) {
                             const int off = (r0 + mt * 16 + g + 8 * r) * PITCH_M + c0 + nt * 8 + 2 * t;
+{%- if not kv_in_regs %}
                             *reinterpret_cast<elem2_t*>(sP + off) = pack2(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]);
+{%- endif %}
                             *reinterpret_cast<elem2_t*>(sdS + off) = pack2(acc_dp[mt][nt][2 * r], acc_dp[mt][nt][2 * r + 1]);
                         }
                     }
                 }
+{%- endif %}
             }
         }
         TRACE(EV_B_S);
         __syncthreads();
         TRACE(EV_B_SYNC1);
 
-{% if dq_first %}{% include "bwd_sm80_dq.cuh" %}
-
-{% endif %}        // ---- KV phase: dV += P^T dO, dK += dS^T Q (accumulators stay in registers).
+{% if kv_in_regs %}        // (dV and dK were accumulated in the S phase: kv_in_regs.)
+{% else %}        // ---- KV phase: dV += P^T dO, dK += dS^T Q (accumulators stay in registers).
         if (warp < DV_WN * DV_WD)
             warp_gemm<DV_ROWS / 16, DV_COLS / 8, BLOCK_M / 16, false, true>(acc_dv, sPa, PITCH_M, dv_r0,
                                                                            sdOa, PITCH_V, dv_c0, lane);
         if (warp < DK_WN * DK_WD)
             warp_gemm<DK_ROWS / 16, DK_COLS / 8, BLOCK_M / 16, false, true>(acc_dk, sdSa, PITCH_M, dk_r0,
                                                                            sQa, PITCH_QK, dk_c0, lane);
-        TRACE(EV_B_KV);
-{% if not dq_first %}
-{% include "bwd_sm80_dq.cuh" %}
-{% endif %}        __syncthreads();                                 // P^T, dS^T and buffer `buf` are rewritten next
+{% endif %}        TRACE(EV_B_KV);
+
+        // ---- dQ phase (fast mode): dq_accum += dS K, f32 reductions in global memory.
+        if constexpr (!DETERMINISTIC) {
+            if (warp < DQ_WM * DQ_WD) {
+                constexpr int MT = DQ_ROWS / 16, NT_ALL = DQ_COLS / 8, NT = chunk_nt(MT, NT_ALL);
+                const int r0 = (warp / DQ_WD) * DQ_ROWS;
+{%- if dq_frags_once %}
+                unsigned a_ds[MT][BLOCK_N / 16][4];          // dS, read once for every chunk
+                load_a<MT, BLOCK_N / 16, true>(a_ds, sdSa, PITCH_M, r0, lane);
+{%- endif %}
+#pragma unroll 1
+                for (int cc = 0; cc < NT_ALL / NT; ++cc) {
+                    const int c0 = (warp % DQ_WD) * DQ_COLS + cc * NT * 8;
+                    float acc[MT][NT][4];
+{%- if dq_frags_once %}
+                    warp_gemm_a<MT, NT, BLOCK_N / 16, true>(acc, a_ds, sKa, PITCH_QK, c0, lane);
+{%- else %}
+                    warp_gemm<MT, NT, BLOCK_N / 16, true, true, true>(acc, sdSa, PITCH_M, r0, sKa, PITCH_QK, c0, lane);
+{%- endif %}
+                    const long long acc_row0 = IS_THD ? (long long)si.q_off + m0 : (long long)b * p.seqlen_q + m0;
+                    float* gacc = p.dq_accum + (acc_row0 * p.heads_q + h) * DQK;
+                    const long long row_pitch = (long long)p.heads_q * DQK;
+                    // Lanes t = 2k and 2k + 1 swap halves so that each holds four
+                    // consecutive columns 4k..4k+3 of one row: the even lane of row g,
+                    // the odd lane of row g + 8. One 16-byte reduction per n8 tile.
+                    const bool odd = t & 1;
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        const int row = r0 + mt * 16 + g + (odd ? 8 : 0);
+#pragma unroll
+                        for (int nt = 0; nt < NT; ++nt) {
+                            const float* a = acc[mt][nt];
+                            const float x0 = __shfl_xor_sync(0xffffffffu, odd ? a[0] : a[2], 1);
+                            const float x1 = __shfl_xor_sync(0xffffffffu, odd ? a[1] : a[3], 1);
+                            // No branch around rows past the sequence (the last tile's):
+                            // their dQ is exactly zero (P = 0 from the LSE staged as +inf,
+                            // zero-filled dO), so it is added to the last row instead,
+                            // which keeps the address in bounds. Selects, not two calls.
+                            const int row_in = min(m0 + row, sq - 1) - m0;
+                            float* dst = gacc + row_in * row_pitch + c0 + nt * 8 + 4 * (t >> 1);
+                            red_add_f32x4(dst, odd ? x0 : a[0], odd ? x1 : a[1], odd ? a[2] : x0, odd ? a[3] : x1);
+                        }
+                    }
+                }
+            }
+        }
+        TRACE(EV_B_DQ);
+        __syncthreads();                                 // P^T, dS^T and buffer `buf` are rewritten next
         TRACE(EV_B_SYNC2);
         if (Q_STAGES == 1 && it + 1 < n_iters) {
             load_q_tile(next_step(cur), 0);

@@ -808,16 +808,40 @@ attnforge_bwd_f16_d64_window_thd_softcap_det_sm90a(const BwdParams p) {
                 } else {
                     scores(false);
                 }
+                // dV += P^T dO and dK += dS^T Q over this chunk's query rows (NT / 2
+                // k-steps). This warp owns the same kv rows in all three grids, and
+                // the accumulators of two n8 tiles are the A operand of one k-step,
+                // so P and dS feed the products from registers.
+                static_assert(S_WM == 1 && DV_WD == 1 && DK_WD == 1 && DV_ROWS == S_ROWS && DK_ROWS == S_ROWS,
+                              "kv_in_regs needs coinciding warp grids");
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
+                for (int kk = 0; kk < NT / 2; ++kk) {
+                    unsigned ap[MT][4], ads[MT][4];
 #pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) {
+                    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-                        for (int r = 0; r < 2; ++r) {
-                            const int off = (r0 + mt * 16 + g + 8 * r) * PITCH_M + c0 + nt * 8 + 2 * t;
-                            *reinterpret_cast<elem2_t*>(sP + off) = pack2(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]);
-                            *reinterpret_cast<elem2_t*>(sdS + off) = pack2(acc_dp[mt][nt][2 * r], acc_dp[mt][nt][2 * r + 1]);
+                        for (int h2 = 0; h2 < 2; ++h2) {
+                            const float* s0 = acc_s[mt][2 * kk + h2];
+                            const float* d0 = acc_dp[mt][2 * kk + h2];
+                            ap[mt][2 * h2] = pack2(s0[0], s0[1]);
+                            ap[mt][2 * h2 + 1] = pack2(s0[2], s0[3]);
+                            ads[mt][2 * h2] = pack2(d0[0], d0[1]);
+                            ads[mt][2 * h2 + 1] = pack2(d0[2], d0[3]);
                         }
+                    }
+#pragma unroll
+                    for (int np = 0; np < DV / 16; ++np) {
+                        unsigned bv[4];
+                        load_b<true>(bv, sdOa, PITCH_V, np * 16, c0 + kk * 16, lane);
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) mma_pair(acc_dv[mt][2 * np], acc_dv[mt][2 * np + 1], ap[mt], bv, false);
+                    }
+#pragma unroll
+                    for (int np = 0; np < DQK / 16; ++np) {
+                        unsigned bq[4];
+                        load_b<true>(bq, sQa, PITCH_QK, np * 16, c0 + kk * 16, lane);
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) mma_pair(acc_dk[mt][2 * np], acc_dk[mt][2 * np + 1], ads[mt], bq, false);
                     }
                 }
             }
@@ -826,13 +850,7 @@ attnforge_bwd_f16_d64_window_thd_softcap_det_sm90a(const BwdParams p) {
         __syncthreads();
         TRACE(EV_B_SYNC1);
 
-        // ---- KV phase: dV += P^T dO, dK += dS^T Q (accumulators stay in registers).
-        if (warp < DV_WN * DV_WD)
-            warp_gemm<DV_ROWS / 16, DV_COLS / 8, BLOCK_M / 16, false, true>(acc_dv, sPa, PITCH_M, dv_r0,
-                                                                           sdOa, PITCH_V, dv_c0, lane);
-        if (warp < DK_WN * DK_WD)
-            warp_gemm<DK_ROWS / 16, DK_COLS / 8, BLOCK_M / 16, false, true>(acc_dk, sdSa, PITCH_M, dk_r0,
-                                                                           sQa, PITCH_QK, dk_c0, lane);
+        // (dV and dK were accumulated in the S phase: kv_in_regs.)
         TRACE(EV_B_KV);
 
         // ---- dQ phase (fast mode): dq_accum += dS K, f32 reductions in global memory.
