@@ -193,9 +193,18 @@ fn try_main(spec: &AttnSpec, t: BwdTiles, dqk: u32, dv: u32, reg_budget: u32) ->
         block_m,
         ..
     } = t;
-    let warps_s = warp_grid(block_n, &[block_m], num_warps)?;
-    let warps_dk = warp_grid(block_n, &[dqk], num_warps)?;
-    let warps_dv = warp_grid(block_n, &[dv], num_warps)?;
+    let (warps_s, warps_dk, warps_dv) = if t.whole_rows {
+        if !block_n.is_multiple_of(16 * num_warps) {
+            return None;
+        }
+        ((num_warps, 1), (num_warps, 1), (num_warps, 1))
+    } else {
+        (
+            warp_grid(block_n, &[block_m], num_warps)?,
+            warp_grid(block_n, &[dqk], num_warps)?,
+            warp_grid(block_n, &[dv], num_warps)?,
+        )
+    };
     let warps_dq = warp_grid(block_m, &[dqk], num_warps)?;
     // f32 values per thread (a warp tile of r x c holds r*c/32 per thread).
     let per = |rows: u32, cols: u32| rows * cols / 32;
@@ -285,6 +294,7 @@ fn measured_shape(spec: &AttnSpec, dmax: u32) -> Option<BwdTiles> {
         block_m,
         q_stages: 0,
         acc_chunk,
+        whole_rows: false,
     };
     match dmax {
         64 => Some(t(4, 128, 64, 16)),
@@ -309,6 +319,11 @@ pub struct BwdTiles {
     pub q_stages: u32,
     /// Column-chunk limit of the S and dQ accumulators (see [`BwdPlan::acc_chunk`]); 0 = default.
     pub acc_chunk: u32,
+    /// Warp grids S, dK and dV of `(num_warps, 1)`: every warp owns whole kv
+    /// rows, so that dV and dK come from the S phase's registers
+    /// ([`BwdPlan::kv_in_regs`]); false = the grid search of [`warp_grid`].
+    #[serde(default)]
+    pub whole_rows: bool,
 }
 
 /// Plan a backward spec (already validated by `plan()`): on sm90a the wgmma
@@ -424,6 +439,7 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
                 block_m,
                 q_stages: 0,
                 acc_chunk: 0,
+                whole_rows: false,
             };
             try_main(spec, t, dqk, dv, REG_BUDGET)
         })?,
@@ -805,6 +821,7 @@ mod tests {
             block_m,
             q_stages,
             acc_chunk,
+            whole_rows: false,
         };
         let p = plan_bwd_sm80_with(&spec, t(4, 64, 64, 1, 0)).expect("plans");
         let b = p.bwd.as_ref().unwrap();

@@ -673,6 +673,13 @@ fn tune(gpu: Option<((i32, i32), attnforge::Arch)>) {
         block_m,
         q_stages,
         acc_chunk,
+        whole_rows: false,
+    };
+    // Every warp owns whole kv rows (S, dK and dV grids of (warps, 1)): dV and
+    // dK from the S phase's registers (kv_in_regs) at any head dim.
+    let w = |num_warps, block_n, block_m, acc_chunk| BwdTiles {
+        whole_rows: true,
+        ..t(num_warps, block_n, block_m, 0, acc_chunk)
     };
     let variants: &[(usize, &[BwdTiles])] = &[
         (
@@ -683,6 +690,8 @@ fn tune(gpu: Option<((i32, i32), attnforge::Arch)>) {
                 t(8, 128, 128, 0, 16),
                 t(4, 128, 64, 0, 0),
                 t(4, 64, 64, 1, 0),
+                t(8, 256, 64, 0, 0),
+                t(8, 256, 64, 1, 0),
             ],
         ),
         (
@@ -691,6 +700,8 @@ fn tune(gpu: Option<((i32, i32), attnforge::Arch)>) {
                 t(8, 64, 64, 0, 0),
                 t(8, 128, 64, 0, 0),
                 t(8, 128, 64, 0, 32),
+                w(8, 128, 64, 32),
+                w(8, 128, 64, 16),
                 t(4, 64, 64, 1, 0),
                 t(4, 64, 32, 0, 0),
             ],
