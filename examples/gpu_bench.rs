@@ -292,7 +292,15 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
         cluster: true,
     };
     let alternatives: &[(usize, Vec<Sm90aFwdTiles>)] = &[
-        (64, vec![consumers(2, 192, 3), consumers(3, 112, 3)]),
+        (
+            64,
+            vec![
+                consumers(2, 192, 3),
+                consumers(3, 112, 3),
+                consumers(2, 128, 3),
+                consumers(2, 128, 2),
+            ],
+        ),
         (
             128,
             vec![consumers(2, 160, 2), consumers(2, 176, 2), consumers(2, 128, 2)],
