@@ -151,8 +151,18 @@ pub fn warp_grid(rows: u32, cols: &[u32], warps: u32) -> Option<(u32, u32)> {
 
 /// Shared memory of the main kernel: K and V once, Q/dO `q_stages` deep, Pᵀ
 /// and dSᵀ, and the f32 LSE/Dsum of each Q stage.
-pub fn main_smem(block_m: u32, block_n: u32, q_stages: u32, pitch_qk: u32, pitch_v: u32, pitch_m: u32) -> u32 {
-    2 * (block_n * (pitch_qk + pitch_v) + q_stages * block_m * (pitch_qk + pitch_v) + 2 * block_n * pitch_m)
+/// `st_tiles`: the Pᵀ and dSᵀ tiles kept in shared memory, 2, or 1 (dSᵀ for the
+/// dQ phase) / 0 where [`BwdPlan::kv_in_regs`] keeps P (and dS) in registers.
+pub fn main_smem(
+    block_m: u32,
+    block_n: u32,
+    q_stages: u32,
+    pitch_qk: u32,
+    pitch_v: u32,
+    pitch_m: u32,
+    st_tiles: u32,
+) -> u32 {
+    2 * (block_n * (pitch_qk + pitch_v) + q_stages * block_m * (pitch_qk + pitch_v) + st_tiles * block_n * pitch_m)
         + q_stages * 2 * block_m * 4
 }
 
@@ -229,11 +239,16 @@ fn try_main(spec: &AttnSpec, t: BwdTiles, dqk: u32, dv: u32, reg_budget: u32) ->
     }
     let pitch_m = block_m + 8;
     let limit = spec.arch.max_smem_per_block();
+    let st_tiles = match (kv_in_regs(warps_s, warps_dk, warps_dv), spec.deterministic) {
+        (false, _) => 2,
+        (true, false) => 1,
+        (true, true) => 0,
+    };
     for q_stages in [2, 1] {
         if t.q_stages > 0 && q_stages != t.q_stages {
             continue;
         }
-        let smem = main_smem(block_m, block_n, q_stages, dqk + 8, dv + 8, pitch_m);
+        let smem = main_smem(block_m, block_n, q_stages, dqk + 8, dv + 8, pitch_m, st_tiles);
         if smem <= limit {
             return Some(MainChoice {
                 block_m,
@@ -827,7 +842,7 @@ mod tests {
         let b = p.bwd.as_ref().unwrap();
         assert_eq!((b.num_warps, b.block_n, b.block_m, b.q_stages), (4, 64, 64, 1));
         assert_eq!(b.acc_chunk, 16, "dK+dV take 128 f32 per thread: default chunk 16");
-        assert_eq!(b.main_smem, main_smem(64, 64, 1, 136, 136, 72));
+        assert_eq!(b.main_smem, main_smem(64, 64, 1, 136, 136, 72, 2));
         let p = plan_bwd_sm80_with(&spec, t(8, 128, 64, 0, 32)).expect("plans");
         assert_eq!(p.bwd.as_ref().unwrap().acc_chunk, 32);
         assert_eq!(p.bwd.as_ref().unwrap().q_stages, 2);
@@ -909,9 +924,14 @@ mod tests {
         }
         assert!(kv_in_regs((4, 1), (4, 1), (4, 1)) && kv_in_regs((8, 1), (8, 1), (8, 1)));
         assert!(!kv_in_regs((4, 2), (4, 2), (4, 2)) && !kv_in_regs((4, 1), (2, 2), (4, 1)));
-        // The plan says so.
+        // The plan says so, and its shared memory holds no Pᵀ tile (nor a dSᵀ
+        // tile in deterministic mode, which has no dQ phase).
         let p = plan_bwd_sm80(&"bwd.bf16.d64.none.dense.sm80".parse().unwrap()).unwrap();
         assert!(p.reasons.iter().any(|r| r.contains("Pᵀ never goes to shared memory")));
+        let b = p.bwd.unwrap();
+        assert_eq!(b.main_smem, main_smem(64, 128, 2, 72, 72, 72, 1));
+        let det = plan_bwd_sm80(&"bwd.bf16.d64.none.dense.det.sm80".parse().unwrap()).unwrap();
+        assert_eq!(det.bwd.unwrap().main_smem, main_smem(64, 128, 2, 72, 72, 72, 0));
     }
 
     #[test]

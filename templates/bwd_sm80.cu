@@ -244,9 +244,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     elem_t* sV = sK + BLOCK_N * PITCH_QK;                // [BLOCK_N][PITCH_V]
     elem_t* sQ = sV + BLOCK_N * PITCH_V;                 // [Q_STAGES][BLOCK_M][PITCH_QK]
     elem_t* sdO = sQ + Q_STAGES * BLOCK_M * PITCH_QK;    // [Q_STAGES][BLOCK_M][PITCH_V]
-    elem_t* sP = sdO + Q_STAGES * BLOCK_M * PITCH_V;     // P^T  [BLOCK_N][PITCH_M]
-    elem_t* sdS = sP + BLOCK_N * PITCH_M;                // dS^T [BLOCK_N][PITCH_M]
-    float* sLse = reinterpret_cast<float*>(sdS + BLOCK_N * PITCH_M);   // [Q_STAGES][BLOCK_M]
+    // P^T and dS^T [BLOCK_N][PITCH_M] each: no P^T tile where dV and dK are
+    // accumulated from registers (kv_in_regs), and then no dS^T tile either
+    // without a dQ phase (deterministic mode).
+    constexpr int P_TILE = {% if kv_in_regs %}0{% else %}BLOCK_N * PITCH_M{% endif %};
+    constexpr int DS_TILE = {% if kv_in_regs and deterministic %}0{% else %}BLOCK_N * PITCH_M{% endif %};
+    elem_t* sP = sdO + Q_STAGES * BLOCK_M * PITCH_V;     // P^T
+    elem_t* sdS = sP + P_TILE;                           // dS^T
+    float* sLse = reinterpret_cast<float*>(sdS + DS_TILE);             // [Q_STAGES][BLOCK_M]
     float* sDsum = sLse + Q_STAGES * BLOCK_M;                          // [Q_STAGES][BLOCK_M]
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
