@@ -866,9 +866,25 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
         for dir in dirs {
             match std::fs::read(std::path::Path::new(dir).join(file)) {
                 Ok(bytes) => {
-                    // The same plan (entry names and launch), the other cubin.
+                    // The same spec's entries, the other cubin, launched with the
+                    // other revision's plan where ab-cubins.sh wrote it beside the
+                    // cubin (`{file}.plan.json`): its shared-memory layout may differ
+                    // from this tree's (session 14: the d64 backward's lost a tile).
                     let mut k = planned.clone();
                     k.cubin = bytes;
+                    let sidecar = std::path::Path::new(dir).join(format!("{file}.plan.json"));
+                    if let Ok(text) = std::fs::read_to_string(&sidecar) {
+                        match serde_json::from_str::<attnforge::plan::KernelPlan>(&text) {
+                            Ok(p) if p.entry == k.plan.entry => k.plan = p,
+                            Ok(p) => println!(
+                                "ab {spec}: {} names {}, not {}",
+                                sidecar.display(),
+                                p.entry,
+                                k.plan.entry
+                            ),
+                            Err(e) => println!("ab {spec}: {} unreadable ({e}); this tree's plan", sidecar.display()),
+                        }
+                    }
                     k.key.0[0] ^= 0x5a ^ kernels.len() as u8; // its own slot in the loader's memo
                     kernels.push((format!("{dir}/{file}"), k));
                 }

@@ -3,7 +3,8 @@
 # `ab`): a worktree of REV, its CLI, and one cubin per cell of the A/B (sm90a
 # forward; d256 backward; the sm80 path's forward and d64/d128 backward),
 # named as gpu_bench looks them up, into DIR
-# (default .gpu/ab).
+# (default .gpu/ab), each with its plan beside it ({cubin}.plan.json: the
+# A/B launches the cubin with that revision's launch geometry).
 #   usage: scripts/ab-cubins.sh REV [DIR]      (NVRTC as for `make sweep`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,10 +22,12 @@ for spec in fwd.bf16.d64.none.dense.sm90a fwd.bf16.d128.none.dense.sm90a fwd.bf1
   # The plan's consumers, block_n and stages name the file (as in examples/gpu_bench.rs).
   read -r bm bn st < <("$cli" plan "$spec" | sed -n 's/^tile .*block_m=\([0-9]*\) block_n=\([0-9]*\) .*stages=\([0-9]*\).*/\1 \2 \3/p')
   "$cli" compile "$spec" -o "$dir/$spec.c$((bm / 64)).bn$bn.st$st.cubin"
+  "$cli" plan "$spec" --json > "$dir/$spec.c$((bm / 64)).bn$bn.st$st.cubin.plan.json"
 done
 # The backward cells (the sm80 instruction path at d256), named by spec.
 for spec in bwd.bf16.d256.none.dense.sm90a bwd.bf16.d256.causal-tl.dense.sm90a; do
   "$cli" compile "$spec" -o "$dir/$spec.cubin"
+  "$cli" plan "$spec" --json > "$dir/$spec.cubin.plan.json"
 done
 # The sm80 instruction path where the planner takes wgmma (issue 3's figures
 # on the H200), named {spec}.sm80path.cubin; revisions before `compile --path`
@@ -32,6 +35,7 @@ done
 for spec in fwd.bf16.d128.none.dense.sm90a fwd.bf16.d128.causal-tl.dense.sm90a fwd.bf16.d256.none.dense.sm90a \
             bwd.bf16.d64.none.dense.sm90a bwd.bf16.d128.none.dense.sm90a; do
   "$cli" compile "$spec" --path sm80 -o "$dir/$spec.sm80path.cubin" \
+    && "$cli" plan "$spec" --path sm80 --json > "$dir/$spec.sm80path.cubin.plan.json" \
     || echo "ab-cubins: $rev's CLI has no --path: no sm80-path cubin for $spec"
 done
 ls -la "$dir"
