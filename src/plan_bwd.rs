@@ -93,6 +93,23 @@ pub struct BwdPlan {
     /// memory and the separate dV/dK phase disappears.
     #[serde(default)]
     pub kv_in_regs: bool,
+    /// The dQ phase's column-chunk limit when it differs from `acc_chunk`
+    /// (0: the same). Under `kv_in_regs` the S phase's accumulators are dead
+    /// by the dQ phase, so it takes 32-float chunks (one A-operand read of
+    /// dS instead of two at d64).
+    #[serde(default)]
+    pub dq_chunk: u32,
+}
+
+impl BwdPlan {
+    /// The dQ phase's column-chunk limit (f32 per thread per array).
+    pub fn dq_chunk(&self) -> u32 {
+        if self.dq_chunk > 0 {
+            self.dq_chunk
+        } else {
+            self.acc_chunk
+        }
+    }
 }
 
 /// Entry symbols of a backward CUBIN, derived from `KernelPlan::entry`.
@@ -312,6 +329,16 @@ fn measured_shape(spec: &AttnSpec, dmax: u32) -> Option<BwdTiles> {
         whole_rows: false,
     };
     match dmax {
+        // 32-float chunks at d64 (one K/V operand read per query tile instead
+        // of two in the S phase; 2026-12-04, `ATTNFORGE_BWD_TUNE=d64`: 274 against
+        // 253 TFLOP/s) only where they compile spill-free: sm90a, dense, no mask
+        // (16-40 B spilled with a mask, ragged, or on sm80).
+        64 if spec.arch == Arch::Sm90a
+            && spec.layout == crate::spec::Layout::Dense
+            && spec.mask == crate::spec::Mask::None =>
+        {
+            Some(t(4, 128, 64, 32))
+        }
         64 => Some(t(4, 128, 64, 16)),
         128 if spec.layout == crate::spec::Layout::Dense
             && (spec.mask == crate::spec::Mask::None || spec.arch == Arch::Sm90a) =>
@@ -492,6 +519,12 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
             "main: warp grids S, dK and dV coincide ({:?}, whole query rows per warp): dV and dK accumulate in the S phase from P and dS in registers, Pᵀ never goes to shared memory",
             main.warps_s
         ));
+        if !spec.deterministic {
+            reasons.push(format!(
+                "fast: the dQ phase walks its warp tile in chunks of <= {} f32 (the S phase's accumulators are dead by then)",
+                main.acc_chunk.max(32)
+            ));
+        }
     }
     let (dq_block_m, dq_block_n, dq_warps, dq_kv_stages, dq_smem_bytes) = if spec.deterministic {
         let (m, n, w, st, smem, regs) = try_dq(spec, dqk, dv)?;
@@ -526,6 +559,7 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
         acc_chunk: main.acc_chunk,
         dq_frags_once,
         kv_in_regs,
+        dq_chunk: if kv_in_regs { main.acc_chunk.max(32) } else { 0 },
     };
     Some(KernelPlan {
         spec: *spec,
@@ -686,6 +720,7 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<Ker
         acc_chunk: 0,
         dq_frags_once: false,
         kv_in_regs: false,
+        dq_chunk: 0,
     };
     Ok(KernelPlan {
         spec: *spec,
@@ -879,11 +914,19 @@ mod tests {
         };
         for s in [
             "bwd.bf16.d64.none.dense.sm80",
-            "bwd.f16.d64.none.dense.det.sm90a",
+            "bwd.bf16.d64.causal-tl.dense.sm90a",
+            "bwd.bf16.d64.none.thd.sm90a",
             "bwd.bf16.d64.causal-tl.dense.sm80",
             "bwd.bf16.d64.window.thd.softcap.sm80",
         ] {
             assert_eq!(shape(s), (4, 128, 64, 16), "{s}");
+        }
+        // d64 on sm90a, dense, without a mask: 32-float chunks (spill-free there only).
+        for s in [
+            "bwd.f16.d64.none.dense.det.sm90a",
+            "bwd.bf16.d64.none.dense.softcap.sm90a",
+        ] {
+            assert_eq!(shape(s), (4, 128, 64, 32), "{s}");
         }
         for s in [
             "bwd.bf16.d128.none.dense.sm80",

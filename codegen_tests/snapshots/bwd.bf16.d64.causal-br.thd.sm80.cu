@@ -50,11 +50,14 @@ constexpr int DQ_ROWS = BLOCK_M / DQ_WM, DQ_COLS = DQK / DQ_WD;
 // stay within ACC_CHUNK f32 per thread per array (the plan's choice): a chunk
 // re-reads the A operand from shared memory, for fewer live registers.
 constexpr int ACC_CHUNK = 16;
-// Largest even divisor of nt with mt * 4 * divisor <= ACC_CHUNK (2 at least).
-constexpr int chunk_nt(int mt, int nt) {
+// The dQ phase's own limit (the plan's dq_chunk): larger where the S phase's
+// registers are free by then (kv_in_regs: P and dS are consumed in the S phase).
+constexpr int DQ_CHUNK = 32;
+// Largest even divisor of nt with mt * 4 * divisor <= limit (2 at least).
+constexpr int chunk_nt(int mt, int nt, int limit = ACC_CHUNK) {
     int best = 2;
     for (int c = 2; c <= nt; c += 2)
-        if (nt % c == 0 && mt * 4 * c <= ACC_CHUNK) best = c;
+        if (nt % c == 0 && mt * 4 * c <= limit) best = c;
     return best;
 }
 
@@ -895,7 +898,7 @@ attnforge_bwd_bf16_d64_causal_br_thd_sm80(const BwdParams p) {
         // ---- dQ phase (fast mode): dq_accum += dS K, f32 reductions in global memory.
         if constexpr (!DETERMINISTIC) {
             if (warp < DQ_WM * DQ_WD) {
-                constexpr int MT = DQ_ROWS / 16, NT_ALL = DQ_COLS / 8, NT = chunk_nt(MT, NT_ALL);
+                constexpr int MT = DQ_ROWS / 16, NT_ALL = DQ_COLS / 8, NT = chunk_nt(MT, NT_ALL, DQ_CHUNK);
                 const int r0 = (warp / DQ_WD) * DQ_ROWS;
 #pragma unroll 1
                 for (int cc = 0; cc < NT_ALL / NT; ++cc) {
