@@ -690,6 +690,21 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], unsigned sA, 
     for (int ks = FIRST ? 1 : 0; ks < KSTEPS; ++ks) step(ks, false);
 }
 
+// One k-step, acc[MT][NT][4] += A x B[k0 .. k0 + 16, 0 .. 8 NT): A in registers
+// (MT fragments), B stored [k][col] (ldmatrix.trans). The S phase's dV/dK
+// products under kv_in_regs.
+template <int MT, int NT>
+__device__ __forceinline__ void kstep_from_regs(float (&acc)[MT][NT][4], const unsigned (&a)[MT][4], unsigned sB,
+                                                int pitch_b, int k0, int lane) {
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+        unsigned b[4];
+        load_b<true>(b, sB, pitch_b, np * 16, k0, lane);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma_pair(acc[mt][2 * np], acc[mt][2 * np + 1], a[mt], b, false);
+    }
+}
+
 template <int MT, int NT>
 __device__ __forceinline__ void zero_acc(float (&acc)[MT][NT][4]) {
 #pragma unroll

@@ -667,6 +667,21 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], unsigned sA, 
     for (int ks = FIRST ? 1 : 0; ks < KSTEPS; ++ks) step(ks, false);
 }
 
+// One k-step, acc[MT][NT][4] += A x B[k0 .. k0 + 16, 0 .. 8 NT): A in registers
+// (MT fragments), B stored [k][col] (ldmatrix.trans). The S phase's dV/dK
+// products under kv_in_regs.
+template <int MT, int NT>
+__device__ __forceinline__ void kstep_from_regs(float (&acc)[MT][NT][4], const unsigned (&a)[MT][4], unsigned sB,
+                                                int pitch_b, int k0, int lane) {
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+        unsigned b[4];
+        load_b<true>(b, sB, pitch_b, np * 16, k0, lane);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma_pair(acc[mt][2 * np], acc[mt][2 * np + 1], a[mt], b, false);
+    }
+}
+
 template <int MT, int NT>
 __device__ __forceinline__ void zero_acc(float (&acc)[MT][NT][4]) {
 #pragma unroll
@@ -837,20 +852,8 @@ attnforge_bwd_f16_d64_window_thd_softcap_det_sm90a(const BwdParams p) {
                             ads[mt][2 * h2 + 1] = pack2(d0[2], d0[3]);
                         }
                     }
-#pragma unroll
-                    for (int np = 0; np < DV / 16; ++np) {
-                        unsigned bv[4];
-                        load_b<true>(bv, sdOa, PITCH_V, np * 16, c0 + kk * 16, lane);
-#pragma unroll
-                        for (int mt = 0; mt < MT; ++mt) mma_pair(acc_dv[mt][2 * np], acc_dv[mt][2 * np + 1], ap[mt], bv, false);
-                    }
-#pragma unroll
-                    for (int np = 0; np < DQK / 16; ++np) {
-                        unsigned bq[4];
-                        load_b<true>(bq, sQa, PITCH_QK, np * 16, c0 + kk * 16, lane);
-#pragma unroll
-                        for (int mt = 0; mt < MT; ++mt) mma_pair(acc_dk[mt][2 * np], acc_dk[mt][2 * np + 1], ads[mt], bq, false);
-                    }
+                    kstep_from_regs(acc_dv, ap, sdOa, PITCH_V, c0 + kk * 16, lane);
+                    kstep_from_regs(acc_dk, ads, sQa, PITCH_QK, c0 + kk * 16, lane);
                 }
             }
         }
