@@ -331,11 +331,14 @@ fn measured_shape(spec: &AttnSpec, dmax: u32) -> Option<BwdTiles> {
     match dmax {
         // 32-float chunks at d64 (one K/V operand read per query tile instead
         // of two in the S phase; 2026-12-04, `ATTNFORGE_BWD_TUNE=d64`: 274 against
-        // 253 TFLOP/s) only where they compile spill-free: sm90a, dense, no mask
-        // (16-40 B spilled with a mask, ragged, or on sm80).
+        // 253 TFLOP/s) only where they compile spill-free, sm90a, dense, no mask
+        // (16-40 B spilled with a mask, ragged, or on sm80), and where the GPU
+        // suite has run them: fast mode without softcap.
         64 if spec.arch == Arch::Sm90a
             && spec.layout == crate::spec::Layout::Dense
-            && spec.mask == crate::spec::Mask::None =>
+            && spec.mask == crate::spec::Mask::None
+            && !spec.softcap
+            && !spec.deterministic =>
         {
             Some(t(4, 128, 64, 32))
         }
@@ -914,6 +917,8 @@ mod tests {
         };
         for s in [
             "bwd.bf16.d64.none.dense.sm80",
+            "bwd.f16.d64.none.dense.det.sm90a",
+            "bwd.bf16.d64.none.dense.softcap.sm90a",
             "bwd.bf16.d64.causal-tl.dense.sm90a",
             "bwd.bf16.d64.none.thd.sm90a",
             "bwd.bf16.d64.causal-tl.dense.sm80",
@@ -921,11 +926,9 @@ mod tests {
         ] {
             assert_eq!(shape(s), (4, 128, 64, 16), "{s}");
         }
-        // d64 on sm90a, dense, without a mask: 32-float chunks (spill-free there only).
-        for s in [
-            "bwd.f16.d64.none.dense.det.sm90a",
-            "bwd.bf16.d64.none.dense.softcap.sm90a",
-        ] {
+        // d64 on sm90a, dense, without a mask, softcap or determinism: 32-float
+        // chunks (spill-free there; the GPU suite's d64 no-mask dense cases).
+        for s in ["bwd.f16.d64.none.dense.sm90a", "bwd.bf16.d64.none.dense.sm90a"] {
             assert_eq!(shape(s), (4, 128, 64, 32), "{s}");
         }
         for s in [
