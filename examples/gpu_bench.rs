@@ -185,7 +185,7 @@ fn bhsd_args(qkvo: [u64; 4], lse: u64, b: usize, h: usize, s: usize, d: usize) -
     }
 }
 
-/// Build a kernel for `spec` with an explicit tile shape (tuning), or None when it spills.
+/// Build a kernel for `spec` with an explicit tile shape (tuning), or None when it does not build.
 fn build_variant(spec: &AttnSpec, tiles: attnforge::plan::FwdTiles) -> Option<attnforge::CompiledKernel> {
     // Spilling variants are timed too (the tune line says how much): a spill
     // of a loop-invariant value may cost nothing, and the figure tells
@@ -855,7 +855,8 @@ fn trace80b(rng: &mut rand::rngs::StdRng) {
 /// backward on the sm80 instruction path (`{spec}.cubin`), and the sm80
 /// path's forward and d64/d128 backward where the planner takes wgmma
 /// (`{spec}.sm80path.cubin`, `attnforge compile --path sm80`), each cubin built
-/// from another tree with the same launch geometry. Every module is timed as
+/// from another tree and launched with that tree's plan (`{cubin}.plan.json`
+/// beside it; this tree's plan where it is missing). Every module is timed as
 /// the peers are, in five interleaved rounds on the same inputs, each round
 /// starting at the next module; the median per module.
 fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
@@ -970,7 +971,7 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
     // The backward on the sm80 instruction path (d256: the planner's choice
     // on sm90a, `{spec}.cubin`; d64 and d128, where the planner takes wgmma:
     // `{spec}.sm80path.cubin`), the whole backward (_pre, main, _dq_convert)
-    // timed; DIR holds cubins of the same launch geometry.
+    // timed.
     for (d, causal, s) in [
         (256usize, false, 2048usize),
         (256, false, 8192),

@@ -200,6 +200,8 @@ struct MainChoice {
     smem: u32,
     regs: u32,
     acc_chunk: u32,
+    /// [`BwdPlan::kv_in_regs`] for these grids (it also sets `smem`).
+    kv_in_regs: bool,
 }
 
 /// Default column-chunk limit: 16 f32 per array when the dK/dV accumulators
@@ -256,7 +258,8 @@ fn try_main(spec: &AttnSpec, t: BwdTiles, dqk: u32, dv: u32, reg_budget: u32) ->
     }
     let pitch_m = block_m + 8;
     let limit = spec.arch.max_smem_per_block();
-    let st_tiles = match (kv_in_regs(warps_s, warps_dk, warps_dv), spec.deterministic) {
+    let kv_in_regs = kv_in_regs(warps_s, warps_dk, warps_dv);
+    let st_tiles = match (kv_in_regs, spec.deterministic) {
         (false, _) => 2,
         (true, false) => 1,
         (true, true) => 0,
@@ -279,6 +282,7 @@ fn try_main(spec: &AttnSpec, t: BwdTiles, dqk: u32, dv: u32, reg_budget: u32) ->
                 smem,
                 regs,
                 acc_chunk,
+                kv_in_regs,
             });
         }
     }
@@ -499,7 +503,9 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
         "main: {} warps, block_n={} kv rows x block_m={} query rows; warp grids S {:?}, dK {:?}, dV {:?}, dQ {:?}; S/dQ accumulators in chunks of <= {} f32; ~{} regs/thread estimated",
         main.num_warps, main.block_n, main.block_m, main.warps_s, main.warps_dk, main.warps_dv, main.warps_dq, main.acc_chunk, main.regs
     ));
-    let kv_in_regs = kv_in_regs(main.warps_s, main.warps_dk, main.warps_dv);
+    let kv_in_regs = main.kv_in_regs;
+    // Under kv_in_regs nothing of the S phase is live in the dQ phase.
+    let dq_chunk = if kv_in_regs { main.acc_chunk.max(32) } else { 0 };
     reasons.push(format!(
         "main: Q/dO {}-stage cp.async pipeline, {}: {} B of shared memory (arch limit {} B)",
         main.q_stages,
@@ -524,8 +530,7 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
         ));
         if !spec.deterministic {
             reasons.push(format!(
-                "fast: the dQ phase walks its warp tile in chunks of <= {} f32 (the S phase's accumulators are dead by then)",
-                main.acc_chunk.max(32)
+                "fast: the dQ phase walks its warp tile in chunks of <= {dq_chunk} f32 (the S phase's accumulators are dead by then)"
             ));
         }
     }
@@ -562,7 +567,7 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
         acc_chunk: main.acc_chunk,
         dq_frags_once,
         kv_in_regs,
-        dq_chunk: if kv_in_regs { main.acc_chunk.max(32) } else { 0 },
+        dq_chunk,
     };
     Some(KernelPlan {
         spec: *spec,
