@@ -851,8 +851,9 @@ fn trace80b(rng: &mut rand::rngs::StdRng) {
 /// Same-process A/B of the planner's kernels against carried cubins
 /// (`--ab DIR[,DIR...]`, session step `ab`, dirs from `scripts/ab-cubins.sh REV DIR`):
 /// the sm90a forward (`{spec}.c{consumers}.bn{block_n}.st{stages}.cubin`, both
-/// entries, the launcher's rule: the walk for short keys), the d256
-/// backward on the sm80 instruction path (`{spec}.cubin`), and the sm80
+/// entries, the launcher's rule: the walk for short keys), the planner's
+/// backward (`{spec}.cubin`: the sm80 instruction path at d256, the wgmma
+/// backward at d64/d128, marked `bwd90`), and the sm80
 /// path's forward and d64/d128 backward where the planner takes wgmma
 /// (`{spec}.sm80path.cubin`, `attnforge compile --path sm80`), each cubin built
 /// from another tree and launched with that tree's plan (`{cubin}.plan.json`
@@ -970,14 +971,20 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
     }
     // The backward on the sm80 instruction path (d256: the planner's choice
     // on sm90a, `{spec}.cubin`; d64 and d128, where the planner takes wgmma:
-    // `{spec}.sm80path.cubin`), the whole backward (_pre, main, _dq_convert)
+    // `{spec}.sm80path.cubin`) and, marked `bwd90`, the planner's wgmma
+    // backward (`{spec}.cubin`); the whole backward (_pre, main, _dq_convert)
     // timed.
-    for (d, causal, s) in [
-        (256usize, false, 2048usize),
-        (256, false, 8192),
-        (256, true, 8192),
-        (64, false, 8192),
-        (128, false, 8192),
+    for (wgmma, d, causal, s) in [
+        (false, 256usize, false, 2048usize),
+        (false, 256, false, 8192),
+        (false, 256, true, 8192),
+        (false, 64, false, 8192),
+        (false, 64, true, 8192),
+        (false, 128, false, 8192),
+        (false, 128, true, 8192),
+        (true, 64, false, 8192),
+        (true, 128, false, 8192),
+        (true, 128, true, 8192),
     ] {
         let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
         let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, Arch::Sm90a);
@@ -986,7 +993,11 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
             ..spec
         };
         let plan = attnforge::plan::plan_sm80_path(&bspec).expect("sm80-path plan");
-        let (planned, file) = if plan.template == attnforge::plan::plan(&bspec).expect("plan").template {
+        let planner = attnforge::plan::plan(&bspec).expect("plan").template;
+        if wgmma && planner == plan.template {
+            continue; // the planner's backward is the sm80 path's: timed above
+        }
+        let (planned, file) = if wgmma || plan.template == planner {
             (
                 (*attnforge::get_or_build(&bspec).expect("build")).clone(),
                 format!("{bspec}.cubin"),
@@ -1011,7 +1022,8 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
         };
         let figures = rounds(runs.len(), &mut run, flops);
         for ((name, _), f) in runs.iter().zip(&figures) {
-            report(&format!("bwd d={d:<3} s={s:<5} causal={causal:<5}"), name, f, "");
+            let what = if wgmma { "bwd90" } else { "bwd  " };
+            report(&format!("{what} d={d:<3} s={s:<5} causal={causal:<5}"), name, f, "");
         }
     }
 }

@@ -24,8 +24,10 @@ for spec in fwd.bf16.d64.none.dense.sm90a fwd.bf16.d128.none.dense.sm90a fwd.bf1
   "$cli" compile "$spec" -o "$dir/$spec.c$((bm / 64)).bn$bn.st$st.cubin"
   "$cli" plan "$spec" --json > "$dir/$spec.c$((bm / 64)).bn$bn.st$st.cubin.plan.json"
 done
-# The backward cells (the sm80 instruction path at d256), named by spec.
-for spec in bwd.bf16.d256.none.dense.sm90a bwd.bf16.d256.causal-tl.dense.sm90a; do
+# The backward cells of the planner (the sm80 instruction path at d256, the
+# wgmma backward at d64/d128), named by spec.
+for spec in bwd.bf16.d256.none.dense.sm90a bwd.bf16.d256.causal-tl.dense.sm90a \
+            bwd.bf16.d64.none.dense.sm90a bwd.bf16.d128.none.dense.sm90a bwd.bf16.d128.causal-tl.dense.sm90a; do
   "$cli" compile "$spec" -o "$dir/$spec.cubin"
   "$cli" plan "$spec" --json > "$dir/$spec.cubin.plan.json"
 done
@@ -33,7 +35,8 @@ done
 # on the H200), named {spec}.sm80path.cubin; revisions before `compile --path`
 # have no such cubins, and the A/B skips those cells.
 for spec in fwd.bf16.d128.none.dense.sm90a fwd.bf16.d128.causal-tl.dense.sm90a fwd.bf16.d256.none.dense.sm90a \
-            bwd.bf16.d64.none.dense.sm90a bwd.bf16.d128.none.dense.sm90a; do
+            bwd.bf16.d64.none.dense.sm90a bwd.bf16.d64.causal-tl.dense.sm90a bwd.bf16.d128.none.dense.sm90a \
+            bwd.bf16.d128.causal-tl.dense.sm90a; do
   "$cli" compile "$spec" --path sm80 -o "$dir/$spec.sm80path.cubin" \
     && "$cli" plan "$spec" --path sm80 --json > "$dir/$spec.sm80path.cubin.plan.json" \
     || echo "ab-cubins: $rev's CLI has no --path: no sm80-path cubin for $spec"
