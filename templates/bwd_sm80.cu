@@ -308,7 +308,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             p.q + b * p.q_sb + row0 * p.q_ss + h * p.q_sh, p.q_ss, sq - m0, D_QK, tid);
         load_tile<BLOCK_M, DV, PITCH_V, THREADS>(sdO + buf * BLOCK_M * PITCH_V,
             p.dout + b * p.do_sb + row0 * p.do_ss + h * p.do_sh, p.do_ss, sq - m0, D_V, tid);
-        stage_rows(p, b, h, si.q_off, m0, sq, BLOCK_M, tid, sLse + buf * BLOCK_M, sDsum + buf * BLOCK_M);
+        stage_rows_async(p, b, h, si.q_off, m0, sq, BLOCK_M, tid, sLse + buf * BLOCK_M, sDsum + buf * BLOCK_M);
     };
 
     // dK and dV accumulators of this warp (its tile of each warp grid), for the whole block.
@@ -331,15 +331,32 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     Step cur{0, 0};
     for (int it = 0; it < n_iters; ++it, cur = next_step(cur)) {
         const int buf = Q_STAGES == 2 ? (it & 1) : 0;
+{%- if kv_in_regs %}
+        // Nothing reads Q/dO after the S phase (dV and dK come from registers),
+        // and every warp is past the previous tile's S phase here: buffer
+        // buf ^ 1 is refilled before the barrier.
         if (Q_STAGES == 2 && it + 1 < n_iters) {
             load_q_tile(next_step(cur), buf ^ 1);        // prefetch the next query tile
             cp_async_commit();
-            cp_async_wait<1>();
+            cp_async_wait<1>();                          // tile `it`, with its LSE and Dsum
         } else {
             cp_async_wait<0>();
         }
+        finish_rows(sLse + buf * BLOCK_M, BLOCK_M, tid);
+        __syncthreads();                                 // every thread's copies landed; dS^T is free
+        TRACE(EV_B_ITER);
+{%- else %}
+        cp_async_wait<0>();                              // tile `it`, with its LSE and Dsum
+        finish_rows(sLse + buf * BLOCK_M, BLOCK_M, tid);
+        // Every thread's copies landed; every warp is done with tile it - 1,
+        // so buffer buf ^ 1, P^T and dS^T are free.
         __syncthreads();
         TRACE(EV_B_ITER);
+        if (Q_STAGES == 2 && it + 1 < n_iters) {
+            load_q_tile(next_step(cur), buf ^ 1);        // prefetch under this tile's products
+            cp_async_commit();
+        }
+{%- endif %}
 
         const int h = hk * p.gqa_ratio + cur.qh;
         const int m0 = (m_begin + cur.mt) * BLOCK_M;
@@ -471,37 +488,59 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     const long long acc_row0 = IS_THD ? (long long)si.q_off + m0 : (long long)b * p.seqlen_q + m0;
                     float* gacc = p.dq_accum + (acc_row0 * p.heads_q + h) * DQK;
                     const long long row_pitch = (long long)p.heads_q * DQK;
-                    // Lanes t = 2k and 2k + 1 swap halves so that each holds four
-                    // consecutive columns 4k..4k+3 of one row: the even lane of row g,
-                    // the odd lane of row g + 8. One 16-byte reduction per n8 tile.
+                    // No branch around rows past the sequence (the last tile's):
+                    // their dQ is exactly zero (P = 0 from the LSE staged as +inf,
+                    // zero-filled dO), so it is added to the last row instead,
+                    // which keeps the address in bounds.
+#if __CUDA_ARCH__ >= 900
+                    // One 8-byte vector reduction per accumulator row pair (before
+                    // session 15 a lane-pair shuffle formed 16-byte ones, whose
+                    // SHFL/FSEL cost more than the extra requests).
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                        for (int r = 0; r < 2; ++r) {
+                            const int row_in = min(m0 + r0 + mt * 16 + g + 8 * r, sq - 1) - m0;
+#pragma unroll
+                            for (int nt = 0; nt < NT; ++nt) {
+                                const float* a = acc[mt][nt];
+                                red_add_f32x2(gacc + row_in * row_pitch + c0 + nt * 8 + 2 * t, a[2 * r], a[2 * r + 1]);
+                            }
+                        }
+                    }
+#else
+                    // Scalar reductions; lanes t = 2k and 2k + 1 swap halves so that
+                    // each holds four consecutive columns 4k..4k+3 of one row (the
+                    // even lane of row g, the odd lane of row g + 8): fewer live
+                    // addresses than two rows per lane (the sm_80 build at d128
+                    // spills 20 B with those).
                     const bool odd = t & 1;
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
                         const int row = r0 + mt * 16 + g + (odd ? 8 : 0);
+                        const int row_in = min(m0 + row, sq - 1) - m0;
 #pragma unroll
                         for (int nt = 0; nt < NT; ++nt) {
                             const float* a = acc[mt][nt];
                             const float x0 = __shfl_xor_sync(0xffffffffu, odd ? a[0] : a[2], 1);
                             const float x1 = __shfl_xor_sync(0xffffffffu, odd ? a[1] : a[3], 1);
-                            // No branch around rows past the sequence (the last tile's):
-                            // their dQ is exactly zero (P = 0 from the LSE staged as +inf,
-                            // zero-filled dO), so it is added to the last row instead,
-                            // which keeps the address in bounds. Selects, not two calls.
-                            const int row_in = min(m0 + row, sq - 1) - m0;
                             float* dst = gacc + row_in * row_pitch + c0 + nt * 8 + 4 * (t >> 1);
                             red_add_f32x4(dst, odd ? x0 : a[0], odd ? x1 : a[1], odd ? a[2] : x0, odd ? a[3] : x1);
                         }
                     }
+#endif
                 }
             }
         }
         TRACE(EV_B_DQ);
-        __syncthreads();                                 // P^T, dS^T and buffer `buf` are rewritten next
-        TRACE(EV_B_SYNC2);
-        if (Q_STAGES == 1 && it + 1 < n_iters) {
-            load_q_tile(next_step(cur), 0);
-            cp_async_commit();
+        if (Q_STAGES == 1) {
+            __syncthreads();                             // P^T, dS^T and the one Q/dO buffer are rewritten next
+            if (it + 1 < n_iters) {
+                load_q_tile(next_step(cur), 0);
+                cp_async_commit();
+            }
         }
+        TRACE(EV_B_SYNC2);
     }
 
     // ---- epilogue: dK (times scale) and dV in the element type.

@@ -82,6 +82,10 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(src_bytes));
 }
+// 4-byte async copy global -> shared (.ca: sizes below 16 bytes have no .cg).
+__device__ __forceinline__ void cp_async_4(unsigned dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(dst), "l"(src));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
@@ -265,6 +269,18 @@ __device__ __forceinline__ void red_add_f32x4(float* addr, float a, float b, flo
 #endif
 }
 
+// Two consecutive f32 adds (addr 8-byte aligned): the pair of columns an mma
+// accumulator row holds per lane, so no lane shuffle is needed to form it.
+// One vector request on sm_90, two on older archs.
+__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], { %1, %2 };\n" :: "l"(addr), "f"(a), "f"(b) : "memory");
+#else
+    red_add_f32(addr, a);
+    red_add_f32(addr + 1, b);
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
@@ -381,6 +397,37 @@ __device__ __forceinline__ void stage_rows(const BwdParams& p, int b, int h, int
         }
         s_lse2[tid] = lse2;
         s_dsum[tid] = dsum;
+    }
+}
+
+// The same by cp.async, in the caller's copy group: the plain loads above
+// stall the staging warps of the sm80-path backward, and every other warp at
+// the next barrier (ncu, session 15: 7% of the d128 backward's samples). Rows
+// past the sequence get +inf / 0 directly; the copied LSE stays raw until
+// `finish_rows`. (The wgmma backward keeps `stage_rows`: 2.7% slower at d128
+// causal with these, in one process.)
+__device__ __forceinline__ void stage_rows_async(const BwdParams& p, int b, int h, int q_off, int m0, int sq, int rows,
+                                           int tid, float* s_lse2, float* s_dsum) {
+    if (tid < rows) {
+        const int i = m0 + tid;
+        if (i < sq) {
+            const long long li = b * p.lse_sb + h * p.lse_sh + q_off + i;
+            cp_async_4(smem_addr(s_lse2 + tid), p.lse + li);
+            cp_async_4(smem_addr(s_dsum + tid), p.dsum + li);
+        } else {
+            s_lse2[tid] = POS_INF;
+            s_dsum[tid] = 0.f;
+        }
+    }
+}
+
+// After the staging thread's copy group has landed (its own rows: no barrier
+// needed), LSE * log2(e), and +inf for rows that see no key (LSE = -inf), so
+// that their P is 0. Idempotent on the +inf of rows past the sequence.
+__device__ __forceinline__ void finish_rows(float* s_lse2, int rows, int tid) {
+    if (tid < rows) {
+        const float l = s_lse2[tid];
+        s_lse2[tid] = l == NEG_INF ? POS_INF : l * LOG2E;
     }
 }
 
@@ -770,7 +817,7 @@ attnforge_bwd_bf16_d64_causal_br_thd_sm80(const BwdParams p) {
             p.q + b * p.q_sb + row0 * p.q_ss + h * p.q_sh, p.q_ss, sq - m0, D_QK, tid);
         load_tile<BLOCK_M, DV, PITCH_V, THREADS>(sdO + buf * BLOCK_M * PITCH_V,
             p.dout + b * p.do_sb + row0 * p.do_ss + h * p.do_sh, p.do_ss, sq - m0, D_V, tid);
-        stage_rows(p, b, h, si.q_off, m0, sq, BLOCK_M, tid, sLse + buf * BLOCK_M, sDsum + buf * BLOCK_M);
+        stage_rows_async(p, b, h, si.q_off, m0, sq, BLOCK_M, tid, sLse + buf * BLOCK_M, sDsum + buf * BLOCK_M);
     };
 
     // dK and dV accumulators of this warp (its tile of each warp grid), for the whole block.
@@ -793,14 +840,18 @@ attnforge_bwd_bf16_d64_causal_br_thd_sm80(const BwdParams p) {
     Step cur{0, 0};
     for (int it = 0; it < n_iters; ++it, cur = next_step(cur)) {
         const int buf = Q_STAGES == 2 ? (it & 1) : 0;
+        // Nothing reads Q/dO after the S phase (dV and dK come from registers),
+        // and every warp is past the previous tile's S phase here: buffer
+        // buf ^ 1 is refilled before the barrier.
         if (Q_STAGES == 2 && it + 1 < n_iters) {
             load_q_tile(next_step(cur), buf ^ 1);        // prefetch the next query tile
             cp_async_commit();
-            cp_async_wait<1>();
+            cp_async_wait<1>();                          // tile `it`, with its LSE and Dsum
         } else {
             cp_async_wait<0>();
         }
-        __syncthreads();
+        finish_rows(sLse + buf * BLOCK_M, BLOCK_M, tid);
+        __syncthreads();                                 // every thread's copies landed; dS^T is free
         TRACE(EV_B_ITER);
 
         const int h = hk * p.gqa_ratio + cur.qh;
@@ -911,37 +962,59 @@ attnforge_bwd_bf16_d64_causal_br_thd_sm80(const BwdParams p) {
                     const long long acc_row0 = IS_THD ? (long long)si.q_off + m0 : (long long)b * p.seqlen_q + m0;
                     float* gacc = p.dq_accum + (acc_row0 * p.heads_q + h) * DQK;
                     const long long row_pitch = (long long)p.heads_q * DQK;
-                    // Lanes t = 2k and 2k + 1 swap halves so that each holds four
-                    // consecutive columns 4k..4k+3 of one row: the even lane of row g,
-                    // the odd lane of row g + 8. One 16-byte reduction per n8 tile.
+                    // No branch around rows past the sequence (the last tile's):
+                    // their dQ is exactly zero (P = 0 from the LSE staged as +inf,
+                    // zero-filled dO), so it is added to the last row instead,
+                    // which keeps the address in bounds.
+#if __CUDA_ARCH__ >= 900
+                    // One 8-byte vector reduction per accumulator row pair (before
+                    // session 15 a lane-pair shuffle formed 16-byte ones, whose
+                    // SHFL/FSEL cost more than the extra requests).
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                        for (int r = 0; r < 2; ++r) {
+                            const int row_in = min(m0 + r0 + mt * 16 + g + 8 * r, sq - 1) - m0;
+#pragma unroll
+                            for (int nt = 0; nt < NT; ++nt) {
+                                const float* a = acc[mt][nt];
+                                red_add_f32x2(gacc + row_in * row_pitch + c0 + nt * 8 + 2 * t, a[2 * r], a[2 * r + 1]);
+                            }
+                        }
+                    }
+#else
+                    // Scalar reductions; lanes t = 2k and 2k + 1 swap halves so that
+                    // each holds four consecutive columns 4k..4k+3 of one row (the
+                    // even lane of row g, the odd lane of row g + 8): fewer live
+                    // addresses than two rows per lane (the sm_80 build at d128
+                    // spills 20 B with those).
                     const bool odd = t & 1;
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
                         const int row = r0 + mt * 16 + g + (odd ? 8 : 0);
+                        const int row_in = min(m0 + row, sq - 1) - m0;
 #pragma unroll
                         for (int nt = 0; nt < NT; ++nt) {
                             const float* a = acc[mt][nt];
                             const float x0 = __shfl_xor_sync(0xffffffffu, odd ? a[0] : a[2], 1);
                             const float x1 = __shfl_xor_sync(0xffffffffu, odd ? a[1] : a[3], 1);
-                            // No branch around rows past the sequence (the last tile's):
-                            // their dQ is exactly zero (P = 0 from the LSE staged as +inf,
-                            // zero-filled dO), so it is added to the last row instead,
-                            // which keeps the address in bounds. Selects, not two calls.
-                            const int row_in = min(m0 + row, sq - 1) - m0;
                             float* dst = gacc + row_in * row_pitch + c0 + nt * 8 + 4 * (t >> 1);
                             red_add_f32x4(dst, odd ? x0 : a[0], odd ? x1 : a[1], odd ? a[2] : x0, odd ? a[3] : x1);
                         }
                     }
+#endif
                 }
             }
         }
         TRACE(EV_B_DQ);
-        __syncthreads();                                 // P^T, dS^T and buffer `buf` are rewritten next
-        TRACE(EV_B_SYNC2);
-        if (Q_STAGES == 1 && it + 1 < n_iters) {
-            load_q_tile(next_step(cur), 0);
-            cp_async_commit();
+        if (Q_STAGES == 1) {
+            __syncthreads();                             // P^T, dS^T and the one Q/dO buffer are rewritten next
+            if (it + 1 < n_iters) {
+                load_q_tile(next_step(cur), 0);
+                cp_async_commit();
+            }
         }
+        TRACE(EV_B_SYNC2);
     }
 
     // ---- epilogue: dK (times scale) and dV in the element type.

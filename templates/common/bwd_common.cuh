@@ -68,6 +68,18 @@ __device__ __forceinline__ void red_add_f32x4(float* addr, float a, float b, flo
 #endif
 }
 
+// Two consecutive f32 adds (addr 8-byte aligned): the pair of columns an mma
+// accumulator row holds per lane, so no lane shuffle is needed to form it.
+// One vector request on sm_90, two on older archs.
+__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], { %1, %2 };\n" :: "l"(addr), "f"(a), "f"(b) : "memory");
+#else
+    red_add_f32(addr, a);
+    red_add_f32(addr + 1, b);
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
@@ -184,6 +196,37 @@ __device__ __forceinline__ void stage_rows(const BwdParams& p, int b, int h, int
         }
         s_lse2[tid] = lse2;
         s_dsum[tid] = dsum;
+    }
+}
+
+// The same by cp.async, in the caller's copy group: the plain loads above
+// stall the staging warps of the sm80-path backward, and every other warp at
+// the next barrier (ncu, session 15: 7% of the d128 backward's samples). Rows
+// past the sequence get +inf / 0 directly; the copied LSE stays raw until
+// `finish_rows`. (The wgmma backward keeps `stage_rows`: 2.7% slower at d128
+// causal with these, in one process.)
+__device__ __forceinline__ void stage_rows_async(const BwdParams& p, int b, int h, int q_off, int m0, int sq, int rows,
+                                           int tid, float* s_lse2, float* s_dsum) {
+    if (tid < rows) {
+        const int i = m0 + tid;
+        if (i < sq) {
+            const long long li = b * p.lse_sb + h * p.lse_sh + q_off + i;
+            cp_async_4(smem_addr(s_lse2 + tid), p.lse + li);
+            cp_async_4(smem_addr(s_dsum + tid), p.dsum + li);
+        } else {
+            s_lse2[tid] = POS_INF;
+            s_dsum[tid] = 0.f;
+        }
+    }
+}
+
+// After the staging thread's copy group has landed (its own rows: no barrier
+// needed), LSE * log2(e), and +inf for rows that see no key (LSE = -inf), so
+// that their P is 0. Idempotent on the +inf of rows past the sequence.
+__device__ __forceinline__ void finish_rows(float* s_lse2, int rows, int tid) {
+    if (tid < rows) {
+        const float l = s_lse2[tid];
+        s_lse2[tid] = l == NEG_INF ? POS_INF : l * LOG2E;
     }
 }
 
