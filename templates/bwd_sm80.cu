@@ -462,9 +462,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (warp < DV_WN * DV_WD)
             warp_gemm<DV_ROWS / 16, DV_COLS / 8, BLOCK_M / 16, false, true>(acc_dv, sPa, PITCH_M, dv_r0,
                                                                            sdOa, PITCH_V, dv_c0, lane);
+{%- if not dk_after_dq %}
         if (warp < DK_WN * DK_WD)
             warp_gemm<DK_ROWS / 16, DK_COLS / 8, BLOCK_M / 16, false, true>(acc_dk, sdSa, PITCH_M, dk_r0,
                                                                            sQa, PITCH_QK, dk_c0, lane);
+{%- endif %}
 {% endif %}        TRACE(EV_B_KV);
 
         // ---- dQ phase (fast mode): dq_accum += dS K, f32 reductions in global memory.
@@ -533,6 +535,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             }
         }
         TRACE(EV_B_DQ);
+{%- if dk_after_dq %}
+        // dK after the dQ phase (the plan's dk_after_dq): its MMAs issue while
+        // the dQ reductions drain.
+        if (warp < DK_WN * DK_WD)
+            warp_gemm<DK_ROWS / 16, DK_COLS / 8, BLOCK_M / 16, false, true>(acc_dk, sdSa, PITCH_M, dk_r0,
+                                                                           sQa, PITCH_QK, dk_c0, lane);
+{%- endif %}
         if (Q_STAGES == 1) {
             __syncthreads();                             // P^T, dS^T and the one Q/dO buffer are rewritten next
             if (it + 1 < n_iters) {
