@@ -7,6 +7,7 @@
 //! 16k tokens, heads·d = 2048, bf16, BHSD; plus a ragged THD sweep.
 //!
 //! usage: gpu_bench [--quick] [OUT_JSON] | --tune | --tune90 | --trace90 | --trace80b | --ab DIR[,DIR...]
+//!        | --one SPEC [--path sm80] [--seqlen S]   (one kernel, fixed launch sequence: profilers)
 
 use std::time::Instant;
 
@@ -1028,8 +1029,82 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
     }
 }
 
+/// `--one SPEC [--path sm80] [--seqlen S]`: one kernel (the planner's, or the
+/// sm80 instruction path's) on the standard problem (batch × seqlen = 16k
+/// tokens, hidden 2048, BHSD; dense specs, no window), launched 3 times untimed and
+/// then timed: a fixed launch sequence for profilers (`scripts/ncu-stalls.sh`:
+/// skip 3 launches of the main kernel).
+fn one(spec: &AttnSpec, sm80: bool, s: usize, rng: &mut rand::rngs::StdRng) {
+    launch::ensure_context(0).expect("context");
+    if spec.layout != Layout::Dense || matches!(spec.mask, Mask::SlidingWindow) {
+        eprintln!("--one: dense specs without a window only ({spec})");
+        std::process::exit(2);
+    }
+    let d = spec.head_dim_qk as usize;
+    let (h, b) = (2048 / d, (16384 / s).max(1));
+    let kernel = if sm80 {
+        let plan = attnforge::plan::plan_sm80_path(spec).expect("sm80-path plan");
+        attnforge::jit::build_plan(plan).expect("build")
+    } else {
+        (*attnforge::get_or_build(spec).expect("build")).clone()
+    };
+    let lk = launch::load(&kernel).expect("load");
+    let causal = !matches!(spec.mask, Mask::None);
+    let fwd_flops = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 };
+    let (ms, flops) = if spec.direction == attnforge::Direction::Bwd {
+        let fspec = AttnSpec {
+            direction: attnforge::Direction::Fwd,
+            ..*spec
+        };
+        let bp = bwd_problem(&fspec, &kernel.plan, b, h, s, d, rng);
+        // SAFETY: buffers sized for the problem; the forward filled O and LSE.
+        let run = || unsafe {
+            launch_bwd::launch_bwd(&lk, &bp.args, bp.ws.0, bp.ws_bytes, std::ptr::null_mut()).expect("bwd")
+        };
+        for _ in 0..3 {
+            run();
+        }
+        (time_ms(run, 5.0, 25.0), 2.5 * fwd_flops)
+    } else {
+        let (_buffers, fa) = fwd_problem(b, h, s, d, rng);
+        // SAFETY: buffers sized for the problem.
+        let run = || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("fwd") };
+        for _ in 0..3 {
+            run();
+        }
+        (time_ms(run, 5.0, 25.0), fwd_flops)
+    };
+    println!(
+        "one {spec}{} b={b} h={h} s={s}: {:.1} TFLOP/s ({})",
+        if sm80 { " (sm80 path)" } else { "" },
+        flops / ms / 1e9,
+        kernel.plan.template.file()
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(i) = args.iter().position(|a| a == "--one") {
+        let spec: AttnSpec = match args.get(i + 1).map(|s| s.parse()) {
+            Some(Ok(spec)) => spec,
+            _ => {
+                eprintln!("usage: gpu_bench --one SPEC [--path sm80] [--seqlen S]");
+                std::process::exit(2);
+            }
+        };
+        if !launch::driver_available() {
+            eprintln!("skipped: no CUDA driver");
+            return;
+        }
+        let sm80 = args.windows(2).any(|w| w[0] == "--path" && w[1] == "sm80");
+        let s = args
+            .windows(2)
+            .find(|w| w[0] == "--seqlen")
+            .and_then(|w| w[1].parse().ok())
+            .unwrap_or(8192);
+        one(&spec, sm80, s, &mut rand::rngs::StdRng::seed_from_u64(13));
+        return;
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let out = args
         .iter()

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Where the sm80-path backward's warps wait, instruction by instruction, next
-# to FlashAttention-2's backward on the same problem: ncu's SourceCounters
-# (executed count and PC-sampled stall reasons of every SASS instruction) and
-# WarpStateStats for one launch of each main kernel, bf16, no mask:
-#   d128: b2 h16 s8192 (ours: the `gpu_bench --ab` cell, launched with this
-#         tree's sm80-path plan), d256: b8 h8 s2048 (likewise).
-# On the H200 machine; needs .gpu/gpu_bench from `make gpu-bundle` and one
-# cubin dir for `--ab` (AB_DIRS, default .gpu/ab: the cell needs two modules;
-# the first launches are this tree's). Clocks left alone (METHOD.md).
+# Where a kernel's warps wait, instruction by instruction, next to
+# FlashAttention-2 on the same problem: ncu's SourceCounters (executed count
+# and PC-sampled stall reasons of every SASS instruction) and WarpStateStats
+# for one launch of each main kernel; bf16, no mask, BHSD, batch × seqlen =
+# 16k tokens, hidden 2048 (`gpu_bench --one`, whose first 3 launches are
+# untimed: the 4th is profiled).
+#   NCU_STALLS_KIND=bwd (default): the sm80-path backward, d128 s8192 and d256 s2048
+#   NCU_STALLS_KIND=fwd: the sm80-path forward, d128 and d256 at s8192
+# On the H200 machine; needs .gpu/gpu_bench from `make gpu-bundle`. Clocks left
+# alone (METHOD.md).
 #   usage: scripts/ncu-stalls.sh [OUT_DIR]    (NCU_STALLS_FA2=0: ours only)
 # Writes per kernel NAME.ncu-rep, NAME.txt (sections) and NAME.csv (the
 # source page; scripts/sass_stalls.py summarizes it per code region).
@@ -15,6 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-${OUT:-$PWD/gpu-results}/ncu-stalls}"; mkdir -p "$out"
 . scripts/gpu-nvrtc.sh
+kind="${NCU_STALLS_KIND:-bwd}"
 sections=(--section SourceCounters --section WarpStateStats --section SpeedOfLight --section LaunchStats
           --section Occupancy --section InstructionStats)
 # prof NAME KERNEL_REGEX SKIP CMD...: one launch of the matching kernel.
@@ -28,24 +30,31 @@ prof() {
   ncu --import "$out/$name.ncu-rep" > "$out/$name.txt" 2>&1
   grep -E "Duration|Registers Per|Warp Cycles Per Issued|Issue Slots Busy|Executed Instructions  " "$out/$name.txt" | head -n 6
 }
-dirs="${AB_DIRS:-.gpu/ab}"
-prof ours-d128 '^attnforge_bwd_bf16_d128_none_dense_sm90a$' 2 .gpu/gpu_bench --ab "$dirs"
-prof ours-d256 '^attnforge_bwd_bf16_d256_none_dense_sm90a$' 2 .gpu/gpu_bench --ab "$dirs"
+if [ "$kind" = bwd ]; then cells=("128 8192" "256 2048"); else cells=("128 8192" "256 8192"); fi
+for cell in "${cells[@]}"; do
+  set -- $cell
+  prof "ours-$kind-d$1" "^attnforge_${kind}_bf16_d$1_none_dense_sm90a\$" 3 \
+    .gpu/gpu_bench --one "$kind.bf16.d$1.none.dense.sm90a" --path sm80 --seqlen "$2"
+done
 [ "${NCU_STALLS_FA2:-1}" = 0 ] && exit 0
-cat > /tmp/fa2_bwd_stalls.py <<'PY'
+cat > /tmp/fa2_stalls.py <<'PY'
 import sys
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
-b, h, s, d = map(int, sys.argv[1:5])
+kind, b, h, s, d = sys.argv[1], *map(int, sys.argv[2:6])
 g = torch.Generator(device="cuda").manual_seed(1)
-q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(kind == "bwd")
            for _ in range(3))
 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
     for _ in range(2):
         o = F.scaled_dot_product_attention(q, k, v)
-        o.backward(torch.randn_like(o))
+        if kind == "bwd":
+            o.backward(torch.randn_like(o))
 torch.cuda.synchronize()
 PY
-prof fa2-d128 'flash_bwd_dq_dk_dv' 1 python3 /tmp/fa2_bwd_stalls.py 2 16 8192 128
-prof fa2-d256 'flash_bwd_dq_dk_dv' 1 python3 /tmp/fa2_bwd_stalls.py 8 8 2048 256
+regex=$([ "$kind" = bwd ] && echo flash_bwd_dq_dk_dv || echo flash_fwd_kernel)
+for cell in "${cells[@]}"; do
+  set -- $cell
+  prof "fa2-$kind-d$1" "$regex" 1 python3 /tmp/fa2_stalls.py "$kind" $((16384 / $2)) $((2048 / $1)) "$2" "$1"
+done
