@@ -308,7 +308,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             p.q + b * p.q_sb + row0 * p.q_ss + h * p.q_sh, p.q_ss, sq - m0, D_QK, tid);
         load_tile<BLOCK_M, DV, PITCH_V, THREADS>(sdO + buf * BLOCK_M * PITCH_V,
             p.dout + b * p.do_sb + row0 * p.do_ss + h * p.do_sh, p.do_ss, sq - m0, D_V, tid);
-        stage_rows_async(p, b, h, si.q_off, m0, sq, BLOCK_M, tid, sLse + buf * BLOCK_M, sDsum + buf * BLOCK_M);
+        stage_rows<true>(p, b, h, si.q_off, m0, sq, BLOCK_M, tid, sLse + buf * BLOCK_M, sDsum + buf * BLOCK_M);
     };
 
     // dK and dV accumulators of this warp (its tile of each warp grid), for the whole block.
@@ -331,29 +331,27 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     Step cur{0, 0};
     for (int it = 0; it < n_iters; ++it, cur = next_step(cur)) {
         const int buf = Q_STAGES == 2 ? (it & 1) : 0;
+        // The next tile goes into buffer buf ^ 1 once no warp reads it: after the
+        // barrier below (every warp is done with tile it - 1), or before it under
+        // kv_in_regs, where nothing reads Q/dO after the S phase (dV and dK come
+        // from registers) and every warp is past the previous tile's S phase.
 {%- if kv_in_regs %}
-        // Nothing reads Q/dO after the S phase (dV and dK come from registers),
-        // and every warp is past the previous tile's S phase here: buffer
-        // buf ^ 1 is refilled before the barrier.
         if (Q_STAGES == 2 && it + 1 < n_iters) {
-            load_q_tile(next_step(cur), buf ^ 1);        // prefetch the next query tile
+            load_q_tile(next_step(cur), buf ^ 1);
             cp_async_commit();
             cp_async_wait<1>();                          // tile `it`, with its LSE and Dsum
         } else {
             cp_async_wait<0>();
         }
-        finish_rows(sLse + buf * BLOCK_M, BLOCK_M, tid);
-        __syncthreads();                                 // every thread's copies landed; dS^T is free
-        TRACE(EV_B_ITER);
 {%- else %}
         cp_async_wait<0>();                              // tile `it`, with its LSE and Dsum
+{%- endif %}
         finish_rows(sLse + buf * BLOCK_M, BLOCK_M, tid);
-        // Every thread's copies landed; every warp is done with tile it - 1,
-        // so buffer buf ^ 1, P^T and dS^T are free.
-        __syncthreads();
+        __syncthreads();                                 // every thread's copies landed; P^T and dS^T are free
         TRACE(EV_B_ITER);
+{%- if not kv_in_regs %}
         if (Q_STAGES == 2 && it + 1 < n_iters) {
-            load_q_tile(next_step(cur), buf ^ 1);        // prefetch under this tile's products
+            load_q_tile(next_step(cur), buf ^ 1);        // under this tile's products
             cp_async_commit();
         }
 {%- endif %}

@@ -180,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                                        sq - m0, D_QK, tid);
         load_sw128<BLOCK_M, V_CHUNKS>(sdO + buf * DO_BYTES, p.dout + b * p.do_sb + row0 * p.do_ss + h * p.do_sh,
                                       p.do_ss, sq - m0, D_V, tid);
-        stage_rows(p, b, h, si.q_off, m0, sq, BLOCK_M, tid, sLse + buf * BLOCK_M, sDsum + buf * BLOCK_M);
+        stage_rows<false>(p, b, h, si.q_off, m0, sq, BLOCK_M, tid, sLse + buf * BLOCK_M, sDsum + buf * BLOCK_M);
     };
 
     // dK and dV of this warpgroup's 64 kv rows, for the whole block.

@@ -274,17 +274,14 @@ __device__ __forceinline__ void red_add_f32x4(float* addr, float a, float b, flo
 #endif
 }
 
-// Two consecutive f32 adds (addr 8-byte aligned): the pair of columns an mma
-// accumulator row holds per lane, so no lane shuffle is needed to form it.
-// One vector request on sm_90, two on older archs.
-__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
 #if __CUDA_ARCH__ >= 900
+// Two consecutive f32 adds (addr 8-byte aligned) in one vector request: the
+// pair of columns an mma accumulator row holds per lane, so no lane shuffle is
+// needed to form it.
+__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], { %1, %2 };\n" :: "l"(addr), "f"(a), "f"(b) : "memory");
-#else
-    red_add_f32(addr, a);
-    red_add_f32(addr + 1, b);
-#endif
 }
+#endif
 
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
@@ -386,9 +383,14 @@ __device__ __forceinline__ float score_grad(float s, float dp, float lse2, float
     return pr * (dp - dsum) * dtanh;
 }
 
-// Stage LSE * log2(e) and Dsum of query rows m0 .. m0 + rows - 1 of head h
-// into shared memory, one row per thread (tid < rows): +inf / 0 for rows past
-// the sequence and rows that see no key (LSE = -inf), so that their P is 0.
+// Stage LSE and Dsum of query rows m0 .. m0 + rows - 1 of head h into shared
+// memory, one row per thread (tid < rows); rows past the sequence get +inf / 0
+// (their P is 0). ASYNC: by 4-byte cp.async in the caller's copy group, the LSE
+// left raw until `finish_rows` (the sm80-path backward: plain loads there
+// stalled the staging warps, and every other warp at the next barrier; ncu,
+// session 15). Otherwise plain loads and LSE * log2(e) at once, +inf for rows
+// that see no key (the wgmma backward: 2.7% slower at d128 causal with ASYNC).
+template <bool ASYNC>
 __device__ __forceinline__ void stage_rows(const BwdParams& p, int b, int h, int q_off, int m0, int sq, int rows,
                                            int tid, float* s_lse2, float* s_dsum) {
     if (tid < rows) {
@@ -396,33 +398,18 @@ __device__ __forceinline__ void stage_rows(const BwdParams& p, int b, int h, int
         float lse2 = POS_INF, dsum = 0.f;
         if (i < sq) {
             const long long li = b * p.lse_sb + h * p.lse_sh + q_off + i;
-            const float l = p.lse[li];
-            if (l != NEG_INF) lse2 = l * LOG2E;
-            dsum = p.dsum[li];
+            if constexpr (ASYNC) {
+                cp_async_4(smem_addr(s_lse2 + tid), p.lse + li);
+                cp_async_4(smem_addr(s_dsum + tid), p.dsum + li);
+                return;
+            } else {
+                const float l = p.lse[li];
+                if (l != NEG_INF) lse2 = l * LOG2E;
+                dsum = p.dsum[li];
+            }
         }
         s_lse2[tid] = lse2;
         s_dsum[tid] = dsum;
-    }
-}
-
-// The same by cp.async, in the caller's copy group: the plain loads above
-// stall the staging warps of the sm80-path backward, and every other warp at
-// the next barrier (ncu, session 15: 7% of the d128 backward's samples). Rows
-// past the sequence get +inf / 0 directly; the copied LSE stays raw until
-// `finish_rows`. (The wgmma backward keeps `stage_rows`: 2.7% slower at d128
-// causal with these, in one process.)
-__device__ __forceinline__ void stage_rows_async(const BwdParams& p, int b, int h, int q_off, int m0, int sq, int rows,
-                                           int tid, float* s_lse2, float* s_dsum) {
-    if (tid < rows) {
-        const int i = m0 + tid;
-        if (i < sq) {
-            const long long li = b * p.lse_sb + h * p.lse_sh + q_off + i;
-            cp_async_4(smem_addr(s_lse2 + tid), p.lse + li);
-            cp_async_4(smem_addr(s_dsum + tid), p.dsum + li);
-        } else {
-            s_lse2[tid] = POS_INF;
-            s_dsum[tid] = 0.f;
-        }
     }
 }
 
@@ -794,7 +781,7 @@ attnforge_bwd_f16_d64_window_thd_softcap_det_sm90a(const BwdParams p) {
             p.q + b * p.q_sb + row0 * p.q_ss + h * p.q_sh, p.q_ss, sq - m0, D_QK, tid);
         load_tile<BLOCK_M, DV, PITCH_V, THREADS>(sdO + buf * BLOCK_M * PITCH_V,
             p.dout + b * p.do_sb + row0 * p.do_ss + h * p.do_sh, p.do_ss, sq - m0, D_V, tid);
-        stage_rows_async(p, b, h, si.q_off, m0, sq, BLOCK_M, tid, sLse + buf * BLOCK_M, sDsum + buf * BLOCK_M);
+        stage_rows<true>(p, b, h, si.q_off, m0, sq, BLOCK_M, tid, sLse + buf * BLOCK_M, sDsum + buf * BLOCK_M);
     };
 
     // dK and dV accumulators of this warp (its tile of each warp grid), for the whole block.
@@ -817,18 +804,19 @@ attnforge_bwd_f16_d64_window_thd_softcap_det_sm90a(const BwdParams p) {
     Step cur{0, 0};
     for (int it = 0; it < n_iters; ++it, cur = next_step(cur)) {
         const int buf = Q_STAGES == 2 ? (it & 1) : 0;
-        // Nothing reads Q/dO after the S phase (dV and dK come from registers),
-        // and every warp is past the previous tile's S phase here: buffer
-        // buf ^ 1 is refilled before the barrier.
+        // The next tile goes into buffer buf ^ 1 once no warp reads it: after the
+        // barrier below (every warp is done with tile it - 1), or before it under
+        // kv_in_regs, where nothing reads Q/dO after the S phase (dV and dK come
+        // from registers) and every warp is past the previous tile's S phase.
         if (Q_STAGES == 2 && it + 1 < n_iters) {
-            load_q_tile(next_step(cur), buf ^ 1);        // prefetch the next query tile
+            load_q_tile(next_step(cur), buf ^ 1);
             cp_async_commit();
             cp_async_wait<1>();                          // tile `it`, with its LSE and Dsum
         } else {
             cp_async_wait<0>();
         }
         finish_rows(sLse + buf * BLOCK_M, BLOCK_M, tid);
-        __syncthreads();                                 // every thread's copies landed; dS^T is free
+        __syncthreads();                                 // every thread's copies landed; P^T and dS^T are free
         TRACE(EV_B_ITER);
 
         const int h = hk * p.gqa_ratio + cur.qh;

@@ -68,17 +68,14 @@ __device__ __forceinline__ void red_add_f32x4(float* addr, float a, float b, flo
 #endif
 }
 
-// Two consecutive f32 adds (addr 8-byte aligned): the pair of columns an mma
-// accumulator row holds per lane, so no lane shuffle is needed to form it.
-// One vector request on sm_90, two on older archs.
-__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
 #if __CUDA_ARCH__ >= 900
+// Two consecutive f32 adds (addr 8-byte aligned) in one vector request: the
+// pair of columns an mma accumulator row holds per lane, so no lane shuffle is
+// needed to form it.
+__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], { %1, %2 };\n" :: "l"(addr), "f"(a), "f"(b) : "memory");
-#else
-    red_add_f32(addr, a);
-    red_add_f32(addr + 1, b);
-#endif
 }
+#endif
 
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
@@ -180,9 +177,14 @@ __device__ __forceinline__ float score_grad(float s, float dp, float lse2, float
     return pr * (dp - dsum) * dtanh;
 }
 
-// Stage LSE * log2(e) and Dsum of query rows m0 .. m0 + rows - 1 of head h
-// into shared memory, one row per thread (tid < rows): +inf / 0 for rows past
-// the sequence and rows that see no key (LSE = -inf), so that their P is 0.
+// Stage LSE and Dsum of query rows m0 .. m0 + rows - 1 of head h into shared
+// memory, one row per thread (tid < rows); rows past the sequence get +inf / 0
+// (their P is 0). ASYNC: by 4-byte cp.async in the caller's copy group, the LSE
+// left raw until `finish_rows` (the sm80-path backward: plain loads there
+// stalled the staging warps, and every other warp at the next barrier; ncu,
+// session 15). Otherwise plain loads and LSE * log2(e) at once, +inf for rows
+// that see no key (the wgmma backward: 2.7% slower at d128 causal with ASYNC).
+template <bool ASYNC>
 __device__ __forceinline__ void stage_rows(const BwdParams& p, int b, int h, int q_off, int m0, int sq, int rows,
                                            int tid, float* s_lse2, float* s_dsum) {
     if (tid < rows) {
@@ -190,33 +192,18 @@ __device__ __forceinline__ void stage_rows(const BwdParams& p, int b, int h, int
         float lse2 = POS_INF, dsum = 0.f;
         if (i < sq) {
             const long long li = b * p.lse_sb + h * p.lse_sh + q_off + i;
-            const float l = p.lse[li];
-            if (l != NEG_INF) lse2 = l * LOG2E;
-            dsum = p.dsum[li];
+            if constexpr (ASYNC) {
+                cp_async_4(smem_addr(s_lse2 + tid), p.lse + li);
+                cp_async_4(smem_addr(s_dsum + tid), p.dsum + li);
+                return;
+            } else {
+                const float l = p.lse[li];
+                if (l != NEG_INF) lse2 = l * LOG2E;
+                dsum = p.dsum[li];
+            }
         }
         s_lse2[tid] = lse2;
         s_dsum[tid] = dsum;
-    }
-}
-
-// The same by cp.async, in the caller's copy group: the plain loads above
-// stall the staging warps of the sm80-path backward, and every other warp at
-// the next barrier (ncu, session 15: 7% of the d128 backward's samples). Rows
-// past the sequence get +inf / 0 directly; the copied LSE stays raw until
-// `finish_rows`. (The wgmma backward keeps `stage_rows`: 2.7% slower at d128
-// causal with these, in one process.)
-__device__ __forceinline__ void stage_rows_async(const BwdParams& p, int b, int h, int q_off, int m0, int sq, int rows,
-                                           int tid, float* s_lse2, float* s_dsum) {
-    if (tid < rows) {
-        const int i = m0 + tid;
-        if (i < sq) {
-            const long long li = b * p.lse_sb + h * p.lse_sh + q_off + i;
-            cp_async_4(smem_addr(s_lse2 + tid), p.lse + li);
-            cp_async_4(smem_addr(s_dsum + tid), p.dsum + li);
-        } else {
-            s_lse2[tid] = POS_INF;
-            s_dsum[tid] = 0.f;
-        }
     }
 }
 
