@@ -224,15 +224,16 @@ fn time_sm80_path(spec: &AttnSpec, planned: &attnforge::CompiledKernel, fa: &Fwd
 /// Time tile-shape variants per head dim at seqlen 8k (tuning; `--tune`).
 fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
     use attnforge::plan::FwdTiles;
-    let t = |num_warps, m_tiles_per_warp, block_n| FwdTiles {
+    let t = |num_warps, m_tiles_per_warp, block_n, stages| FwdTiles {
         num_warps,
         m_tiles_per_warp,
         block_n,
+        stages,
     };
     let variants: &[(usize, &[FwdTiles])] = &[
-        (64, &[t(4, 2, 64), t(4, 1, 64), t(8, 1, 64), t(4, 1, 128), t(4, 2, 32)]),
-        (128, &[t(4, 2, 32), t(4, 2, 64), t(8, 1, 64), t(4, 1, 64), t(8, 1, 32)]),
-        (256, &[t(4, 1, 32), t(4, 1, 64), t(8, 1, 32), t(8, 1, 64), t(8, 1, 16)]),
+        (64, &[t(4, 2, 128, 1), t(4, 2, 64, 2), t(4, 2, 64, 1)]),
+        (128, &[t(4, 2, 32, 1), t(4, 2, 32, 2), t(4, 2, 64, 1)]),
+        (256, &[t(8, 1, 64, 1), t(8, 1, 64, 2), t(4, 1, 64, 1)]),
     ];
     let s = 8192;
     for (d, vs) in variants {
@@ -259,10 +260,11 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
                 );
                 let tf = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 } / ms / 1e9;
                 println!(
-                    "tune d={d:<3} causal={causal:<5} warps={} mt={} bn={:<3} regs={:<3} spills={:<3} smem={:<6} {tf:6.1} TFLOP/s",
+                    "tune d={d:<3} causal={causal:<5} warps={} mt={} bn={:<3} stages={} regs={:<3} spills={:<3} smem={:<6} {tf:6.1} TFLOP/s",
                     tiles.num_warps,
                     tiles.m_tiles_per_warp,
                     k.plan.block_n,
+                    k.plan.stages,
                     k.meta.registers,
                     k.meta.spill_stores + k.meta.spill_loads,
                     k.plan.smem_bytes

@@ -217,12 +217,15 @@ pub fn plan_sm80_path(spec: &AttnSpec) -> Result<KernelPlan, PlanError> {
 }
 
 /// Tile shape of the sm80 forward: warps per block, 16-row MMA tiles per
-/// warp, keys per main-loop step.
+/// warp, keys per main-loop step, K/V buffers (2: the next tile's K and V
+/// load under this one; 1: FlashAttention-2's order, V under S and the next
+/// K under the softmax and P V, in half the shared memory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct FwdTiles {
     pub num_warps: u32,
     pub m_tiles_per_warp: u32,
     pub block_n: u32,
+    pub stages: u32,
 }
 
 /// The tile shape the planner picks for a spec (see `docs/kernels.md` for the
@@ -236,25 +239,33 @@ pub fn default_fwd_tiles(spec: &AttnSpec) -> FwdTiles {
     // the ragged windowed ones (20 B spilled on sm_80; 12-24 B with softcap);
     // the compile sweep checks the rest.
     let d128_fits_mt2 = !(spec.layout == Layout::Thd && spec.mask == Mask::SlidingWindow);
-    let (num_warps, m_tiles_per_warp, block_n) = if dmax <= 64 {
-        (4, 2, 64)
+    // One K and one V buffer in FlashAttention-2's order (V loads under S,
+    // the next K under the softmax and P V) against the double-buffered
+    // order, `gpu_bench --tune` on the H200 (2026-12-04, s8k, non-causal /
+    // causal): d128 4x2 bn32 342 / 334 TFLOP/s against 328 / 313; d256 8x1
+    // bn64 293 / 301 against 291 / 285 (and 135 KB of shared memory instead
+    // of 203 KB, so bn64 fits sm80's 163 KB too). d64 keeps bn64 double-
+    // buffered: one buffer at bn64 measured 308 / 304 against 320 / 317,
+    // and bn128 (331 / 328) spills on sm_80 in every variant but one.
+    let (num_warps, m_tiles_per_warp, block_n, stages) = if dmax <= 64 {
+        (4, 2, 64, 2)
     } else if dmax <= 128 {
         if d128_fits_mt2 {
-            (4, 2, 32)
+            (4, 2, 32, 1)
         } else {
-            (4, 1, 64)
+            (4, 1, 64, 2)
         }
     } else {
         // d > 128: FlashAttention-2's shape, 128 query rows over 8 warps with
         // 64-key steps (H200 `gpu_bench --tune`, 2026-12-03, d256 s8k: 285
-        // TFLOP/s against 241 for 4 warps x 1 tile, bn 32). block_n halves
-        // where shared memory is smaller (sm80: 163 KB → 32).
-        (8, 1, 64)
+        // TFLOP/s against 241 for 4 warps x 1 tile, bn 32).
+        (8, 1, 64, 1)
     };
     FwdTiles {
         num_warps,
         m_tiles_per_warp,
         block_n,
+        stages,
     }
 }
 
@@ -288,6 +299,7 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
         num_warps,
         m_tiles_per_warp,
         mut block_n,
+        stages,
     } = tiles;
     let block_m = 16 * m_tiles_per_warp * num_warps;
     reasons.push(format!(
@@ -295,15 +307,20 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
         m_tiles_per_warp * dv / 2
     ));
 
-    let stages = 2;
+    let stages = stages.clamp(1, 2); // the template's two orders
     let limit = spec.arch.max_smem_per_block();
     while block_n > 16 && fwd_smem(block_m, block_n, stages, pitch_qk, pitch_v) > limit {
         block_n /= 2;
     }
     let smem_bytes = fwd_smem(block_m, block_n, stages, pitch_qk, pitch_v);
-    reasons.push(format!(
-        "block_n={block_n}, {stages}-stage cp.async K/V pipeline: {smem_bytes} B shared memory (arch limit {limit} B)"
-    ));
+    reasons.push(if stages == 1 {
+        format!(
+            "block_n={block_n}, one K and one V buffer (V loads under S, the next K under the softmax and P V): \
+             {smem_bytes} B shared memory (arch limit {limit} B)"
+        )
+    } else {
+        format!("block_n={block_n}, {stages}-stage cp.async K/V pipeline: {smem_bytes} B shared memory (arch limit {limit} B)")
+    });
     // One block's barrier and load waits hide behind another block's MMAs
     // when two fit on an SM; launch bounds then cap registers at 255.
     let min_blocks_per_sm = if num_warps <= 4 { 2 } else { 1 };

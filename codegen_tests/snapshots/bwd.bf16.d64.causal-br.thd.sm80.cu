@@ -561,6 +561,73 @@ __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, lon
     }
 }
 
+// A stream of ROWS x DPAD tiles that follow each other in one tensor (the
+// forward's K and V): each thread keeps the source pointer of its chunk in
+// the next tile and advances it by whole tiles, so a full tile costs one
+// 64-bit add and the copy per chunk (ncu, forward d128: rebuilding the
+// pointers from the launch for every tile, with a row guard and a pointer
+// select per chunk, was ~100 of the ~690 instructions per warp and tile).
+// Consecutive threads keep consecutive chunks of a row, so each warp's copy
+// reads whole sectors (a thread per row with its chunks at immediate
+// offsets read every sector twice and ran 11-25% slower). Only tiles that
+// end past `valid_rows` take the guarded form. Threads whose column lies in
+// the head-dim pad read nothing (source size 0) from a pointer that stays
+// on the first tile. Needs NTHREADS % (DPAD / 8) == 0 (each thread keeps
+// one column): FITS says whether it does, and load_tile serves the other
+// shapes.
+template <int ROWS, int DPAD, int PITCH, int NTHREADS>
+struct TileStream {
+    static constexpr int CHUNKS = DPAD / 8;              // 16-byte chunks per row
+    static constexpr bool FITS = NTHREADS % CHUNKS == 0;
+    static constexpr int RPP = FITS ? NTHREADS / CHUNKS : 1;   // rows per pass
+    static constexpr int PASSES = (ROWS + RPP - 1) / RPP;
+    const elem_t* src;                                   // this thread's chunk in the next tile
+    long long pass_step;                                 // RPP rows (0 in the pad)
+    int row;                                             // this thread's first row in a tile
+    int bytes;                                           // 16, or 0 in the pad
+    unsigned dst;                                        // byte offset in a tile buffer
+
+    // `first`: row 0 of the first tile; `stride`: the row pitch, elements.
+    __device__ __forceinline__ TileStream(const elem_t* first, long long stride, int d_real, int tid) {
+        row = tid / CHUNKS;
+        const int c = tid % CHUNKS;
+        const bool col_ok = c * 8 < d_real;
+        src = col_ok ? first + row * stride + c * 8 : first;
+        pass_step = col_ok ? RPP * stride : 0;
+        bytes = col_ok ? 16 : 0;
+        dst = (row * PITCH + c * 8) * 2;
+    }
+
+    // Copy the next tile into the buffer at shared address `s0`, rows at or
+    // past `valid_rows` zero-filled (their copies read nothing, from `safe`,
+    // any readable address), and step to the tile after it.
+    __device__ __forceinline__ void copy(unsigned s0, int valid_rows, const elem_t* safe) {
+        const elem_t* p = src;
+        if (valid_rows >= ROWS) {                        // uniform: every tile but a last partial one
+#pragma unroll
+            for (int i = 0; i < PASSES; ++i) {
+                if (ROWS % RPP != 0 && row + i * RPP >= ROWS) break;
+                cp_async_16(s0 + dst + i * RPP * PITCH * 2, p, bytes);
+                p += pass_step;
+            }
+        } else {
+            const int rows_left = valid_rows - row;
+#pragma unroll
+            for (int i = 0; i < PASSES; ++i) {
+                if (ROWS % RPP != 0 && row + i * RPP >= ROWS) break;
+                const bool ok = bytes != 0 && i * RPP < rows_left;
+                cp_async_16(s0 + dst + i * RPP * PITCH * 2, ok ? p : safe, ok ? 16 : 0);
+                p += pass_step;
+            }
+        }
+        if constexpr (ROWS % RPP == 0) {
+            src = p;                                     // PASSES passes = one tile
+        } else {
+            src += ROWS * (pass_step / RPP);
+        }
+    }
+};
+
 // Tracing (gpu_bench --trace80b): lane 0 of every warp of the main kernel
 // stamps the phases of each query tile.
 #ifdef ATTNFORGE_TRACE

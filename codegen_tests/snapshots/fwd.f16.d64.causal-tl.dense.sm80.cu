@@ -9,6 +9,7 @@ constexpr int BLOCK_N = 64;
 constexpr int NUM_WARPS = 4;
 constexpr int THREADS = NUM_WARPS * 32;
 constexpr int M_TILES = 2;               // 16-row MMA tiles per warp
+constexpr int STAGES = 2;                 // K/V buffers: 2 = double-buffered, 1 = FA2's order
 constexpr int D_QK = 64;                     // real head dims
 constexpr int D_V = 64;
 constexpr int DQK = 64;                  // padded to the k-step (16)
@@ -302,13 +303,80 @@ __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, lon
     }
 }
 
+// A stream of ROWS x DPAD tiles that follow each other in one tensor (the
+// forward's K and V): each thread keeps the source pointer of its chunk in
+// the next tile and advances it by whole tiles, so a full tile costs one
+// 64-bit add and the copy per chunk (ncu, forward d128: rebuilding the
+// pointers from the launch for every tile, with a row guard and a pointer
+// select per chunk, was ~100 of the ~690 instructions per warp and tile).
+// Consecutive threads keep consecutive chunks of a row, so each warp's copy
+// reads whole sectors (a thread per row with its chunks at immediate
+// offsets read every sector twice and ran 11-25% slower). Only tiles that
+// end past `valid_rows` take the guarded form. Threads whose column lies in
+// the head-dim pad read nothing (source size 0) from a pointer that stays
+// on the first tile. Needs NTHREADS % (DPAD / 8) == 0 (each thread keeps
+// one column): FITS says whether it does, and load_tile serves the other
+// shapes.
+template <int ROWS, int DPAD, int PITCH, int NTHREADS>
+struct TileStream {
+    static constexpr int CHUNKS = DPAD / 8;              // 16-byte chunks per row
+    static constexpr bool FITS = NTHREADS % CHUNKS == 0;
+    static constexpr int RPP = FITS ? NTHREADS / CHUNKS : 1;   // rows per pass
+    static constexpr int PASSES = (ROWS + RPP - 1) / RPP;
+    const elem_t* src;                                   // this thread's chunk in the next tile
+    long long pass_step;                                 // RPP rows (0 in the pad)
+    int row;                                             // this thread's first row in a tile
+    int bytes;                                           // 16, or 0 in the pad
+    unsigned dst;                                        // byte offset in a tile buffer
+
+    // `first`: row 0 of the first tile; `stride`: the row pitch, elements.
+    __device__ __forceinline__ TileStream(const elem_t* first, long long stride, int d_real, int tid) {
+        row = tid / CHUNKS;
+        const int c = tid % CHUNKS;
+        const bool col_ok = c * 8 < d_real;
+        src = col_ok ? first + row * stride + c * 8 : first;
+        pass_step = col_ok ? RPP * stride : 0;
+        bytes = col_ok ? 16 : 0;
+        dst = (row * PITCH + c * 8) * 2;
+    }
+
+    // Copy the next tile into the buffer at shared address `s0`, rows at or
+    // past `valid_rows` zero-filled (their copies read nothing, from `safe`,
+    // any readable address), and step to the tile after it.
+    __device__ __forceinline__ void copy(unsigned s0, int valid_rows, const elem_t* safe) {
+        const elem_t* p = src;
+        if (valid_rows >= ROWS) {                        // uniform: every tile but a last partial one
+#pragma unroll
+            for (int i = 0; i < PASSES; ++i) {
+                if (ROWS % RPP != 0 && row + i * RPP >= ROWS) break;
+                cp_async_16(s0 + dst + i * RPP * PITCH * 2, p, bytes);
+                p += pass_step;
+            }
+        } else {
+            const int rows_left = valid_rows - row;
+#pragma unroll
+            for (int i = 0; i < PASSES; ++i) {
+                if (ROWS % RPP != 0 && row + i * RPP >= ROWS) break;
+                const bool ok = bytes != 0 && i * RPP < rows_left;
+                cp_async_16(s0 + dst + i * RPP * PITCH * 2, ok ? p : safe, ok ? 16 : 0);
+                p += pass_step;
+            }
+        }
+        if constexpr (ROWS % RPP == 0) {
+            src = p;                                     // PASSES passes = one tile
+        } else {
+            src += ROWS * (pass_step / RPP);
+        }
+    }
+};
+
 
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
 attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     elem_t* sQ = reinterpret_cast<elem_t*>(smem_raw);
-    elem_t* sK = sQ + BLOCK_M * PITCH_QK;                // [2][BLOCK_N][PITCH_QK]
-    elem_t* sV = sK + 2 * BLOCK_N * PITCH_QK;            // [2][BLOCK_N][PITCH_V]
+    elem_t* sK = sQ + BLOCK_M * PITCH_QK;                // [STAGES][BLOCK_N][PITCH_QK]
+    elem_t* sV = sK + STAGES * BLOCK_N * PITCH_QK;       // [STAGES][BLOCK_N][PITCH_V]
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int bh = blockIdx.x;
@@ -352,31 +420,69 @@ attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
 
     const int warp_row0 = warp * 16 * M_TILES;
     const int g = lane / 4, t = lane % 4;
+    // Each lane's ldmatrix row and column within a fragment, as byte offsets
+    // (the k-step and tile parts are then immediates): Q's x4 reads rows
+    // 0-15 at columns 0/8, K's keys 0-7/8-15 at columns 0/8, V's (transposed)
+    // keys 0-15 at columns 0/8.
+    const unsigned q_frag = ((warp_row0 + (lane & 7) + ((lane >> 3) & 1) * 8) * PITCH_QK + (lane >> 4) * 8) * 2;
+    const unsigned k_frag = (((lane & 7) + (lane >> 4) * 8) * PITCH_QK + ((lane >> 3) & 1) * 8) * 2;
+    const unsigned v_frag = (((lane & 7) + ((lane >> 3) & 1) * 8) * PITCH_V + (lane >> 4) * 8) * 2;
 
+    // K/V tiles: each thread streams its own chunks through the tiles where
+    // it keeps one column (common/tile.cuh), else the general copy.
+    using KStream = TileStream<BLOCK_N, DQK, PITCH_QK, THREADS>;
+    using VStream = TileStream<BLOCK_N, DV, PITCH_V, THREADS>;
+    KStream k_stream(gK + n_begin * p.k_ss, p.k_ss, D_QK, tid);
+    VStream v_stream(gV + n_begin * p.v_ss, p.v_ss, D_V, tid);
+    // Shared-memory byte addresses of the buffers, formed once (a generic
+    // pointer per tile costs a window lookup and a conversion each time).
+    const unsigned sQa = smem_addr(sQ), sKa0 = smem_addr(sK), sVa0 = smem_addr(sV);
+    constexpr unsigned K_BUF = BLOCK_N * PITCH_QK * 2, V_BUF = BLOCK_N * PITCH_V * 2;
+    auto load_k = [&](int n, int buf) {
+        if constexpr (KStream::FITS) {
+            k_stream.copy(sKa0 + buf * K_BUF, sk - n, gK);
+        } else {
+            load_tile<BLOCK_N, DQK, PITCH_QK, THREADS>(sK + buf * BLOCK_N * PITCH_QK, gK + n * p.k_ss, p.k_ss, sk - n, D_QK, tid);
+        }
+    };
+    auto load_v = [&](int n, int buf) {
+        if constexpr (VStream::FITS) {
+            v_stream.copy(sVa0 + buf * V_BUF, sk - n, gV);
+        } else {
+            load_tile<BLOCK_N, DV, PITCH_V, THREADS>(sV + buf * BLOCK_N * PITCH_V, gV + n * p.v_ss, p.v_ss, sk - n, D_V, tid);
+        }
+    };
     if (n_tiles > 0) {
         load_tile<BLOCK_M, DQK, PITCH_QK, THREADS>(sQ, gQ, p.q_ss, sq - m0, D_QK, tid);
-        load_tile<BLOCK_N, DQK, PITCH_QK, THREADS>(sK, gK + n_begin * p.k_ss, p.k_ss, sk - n_begin, D_QK, tid);
-        load_tile<BLOCK_N, DV, PITCH_V, THREADS>(sV, gV + n_begin * p.v_ss, p.v_ss, sk - n_begin, D_V, tid);
+        load_k(n_begin, 0);
+        if constexpr (STAGES == 2) load_v(n_begin, 0);
         cp_async_commit();
     }
 
     for (int it = 0; it < n_tiles; ++it) {
         const int n0 = n_begin + it * BLOCK_N;
-        const int buf = it & 1;
-        if (it + 1 < n_tiles) {                          // prefetch the next K/V tile
-            const int n1 = n0 + BLOCK_N;
-            load_tile<BLOCK_N, DQK, PITCH_QK, THREADS>(sK + (buf ^ 1) * BLOCK_N * PITCH_QK, gK + n1 * p.k_ss, p.k_ss, sk - n1, D_QK, tid);
-            load_tile<BLOCK_N, DV, PITCH_V, THREADS>(sV + (buf ^ 1) * BLOCK_N * PITCH_V, gV + n1 * p.v_ss, p.v_ss, sk - n1, D_V, tid);
-            cp_async_commit();
-            cp_async_wait<1>();
+        const int buf = STAGES == 2 ? it & 1 : 0;
+        if constexpr (STAGES == 2) {
+            if (it + 1 < n_tiles) {                      // prefetch the next K/V tile
+                load_k(n0 + BLOCK_N, buf ^ 1);
+                load_v(n0 + BLOCK_N, buf ^ 1);
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
         } else {
+            // One buffer each, FlashAttention-2's order: K(it) has landed and
+            // every warp is past P V(it-1), so V(it) may replace V(it-1); it
+            // loads under S.
             cp_async_wait<0>();
+            __syncthreads();
+            load_v(n0, 0);
+            cp_async_commit();
         }
-        __syncthreads();
 
-        const unsigned sQa = smem_addr(sQ);
-        const unsigned sKa = smem_addr(sK + buf * BLOCK_N * PITCH_QK);
-        const unsigned sVa = smem_addr(sV + buf * BLOCK_N * PITCH_V);
+        const unsigned sKa = sKa0 + buf * K_BUF, sVa = sVa0 + buf * V_BUF;
 
         // S = Q K^T for this warp's rows.
         float acc_s[M_TILES][BLOCK_N / 8][4];
@@ -393,22 +499,28 @@ attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
         for (int ks = 0; ks < DQK / 16; ++ks) {
             unsigned a[M_TILES][4];
 #pragma unroll
-            for (int mt = 0; mt < M_TILES; ++mt) {
-                const int row = warp_row0 + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-                const int col = ks * 16 + (lane >> 4) * 8;
-                ldmatrix_x4(a[mt], sQa + (row * PITCH_QK + col) * 2);
-            }
+            for (int mt = 0; mt < M_TILES; ++mt)
+                ldmatrix_x4(a[mt], sQa + q_frag + (mt * 16 * PITCH_QK + ks * 16) * 2);
 #pragma unroll
             for (int np = 0; np < BLOCK_N / 16; ++np) {
                 unsigned bk[4];
-                const int key = np * 16 + (lane & 7) + (lane >> 4) * 8;
-                const int col = ks * 16 + ((lane >> 3) & 1) * 8;
-                ldmatrix_x4(bk, sKa + (key * PITCH_QK + col) * 2);
+                ldmatrix_x4(bk, sKa + k_frag + (np * 16 * PITCH_QK + ks * 16) * 2);
 #pragma unroll
                 for (int mt = 0; mt < M_TILES; ++mt) {
                     mma_16816(acc_s[mt][2 * np], a[mt], bk[0], bk[1]);
                     mma_16816(acc_s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
                 }
+            }
+        }
+
+        if constexpr (STAGES == 1) {
+            // V(it) has landed and every warp is done with K(it): K(it+1)
+            // loads under the softmax and P V.
+            cp_async_wait<0>();
+            __syncthreads();
+            if (it + 1 < n_tiles) {
+                load_k(n0 + BLOCK_N, 0);
+                cp_async_commit();
             }
         }
 
@@ -450,9 +562,7 @@ attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
 #pragma unroll
             for (int np = 0; np < DV / 16; ++np) {
                 unsigned bv[4];
-                const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-                const int col = np * 16 + (lane >> 4) * 8;
-                ldmatrix_x4_trans(bv, sVa + (key * PITCH_V + col) * 2);
+                ldmatrix_x4_trans(bv, sVa + v_frag + (kk * 16 * PITCH_V + np * 16) * 2);
 #pragma unroll
                 for (int mt = 0; mt < M_TILES; ++mt) {
                     mma_16816(acc_o[mt][2 * np], pa[mt], bv[0], bv[1]);
@@ -460,7 +570,7 @@ attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
                 }
             }
         }
-        __syncthreads();                                 // buffer `buf` is refilled next iteration
+        if constexpr (STAGES == 2) __syncthreads();     // buffer `buf` is refilled next iteration
     }
 
     // Epilogue: normalize, write O (elements) and LSE (f32, natural log;
