@@ -246,7 +246,7 @@ pub fn default_fwd_tiles(spec: &AttnSpec) -> FwdTiles {
     // bn64 293 / 301 against 291 / 285 (and 135 KB of shared memory instead
     // of 203 KB, so bn64 fits sm80's 163 KB too). d64 keeps bn64 double-
     // buffered: one buffer at bn64 measured 308 / 304 against 320 / 317,
-    // and bn128 (331 / 328) spills on sm_80 in every variant but one.
+    // and bn128 (331 / 328) spills on sm_80 in 33 of the 44 d <= 64 specs.
     let (num_warps, m_tiles_per_warp, block_n, stages) = if dmax <= 64 {
         (4, 2, 64, 2)
     } else if dmax <= 128 {
