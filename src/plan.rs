@@ -685,6 +685,32 @@ mod tests {
     }
 
     #[test]
+    fn sm80_forward_takes_one_kv_buffer_where_measured() {
+        let tiles = |s: &str| {
+            let p = plan_fwd_sm80(&s.parse().unwrap());
+            (p.num_warps, p.m_tiles_per_warp, p.block_n, p.stages)
+        };
+        assert_eq!(tiles("fwd.bf16.d128.none.dense.sm80"), (4, 2, 32, 1));
+        assert_eq!(tiles("fwd.f16.d128.causal-br.thd.softcap.sm80"), (4, 2, 32, 1));
+        assert_eq!(tiles("fwd.bf16.d128.window.thd.sm80"), (4, 1, 64, 2));
+        assert_eq!(tiles("fwd.bf16.d64.causal-tl.dense.sm80"), (4, 2, 64, 2));
+        // One buffer keeps d256's 64-key steps within sm80's 163 KB.
+        assert_eq!(tiles("fwd.bf16.d256.none.dense.sm80"), (8, 1, 64, 1));
+        assert_eq!(tiles("fwd.bf16.d256.none.dense.sm90a"), (8, 1, 64, 1));
+        // Tuning may ask for any depth; the template has two orders.
+        let spec: AttnSpec = "fwd.bf16.d128.none.dense.sm80".parse().unwrap();
+        let t = |stages| FwdTiles {
+            num_warps: 4,
+            m_tiles_per_warp: 2,
+            block_n: 32,
+            stages,
+        };
+        assert_eq!(plan_fwd_sm80_with(&spec, t(0)).stages, 1);
+        assert_eq!(plan_fwd_sm80_with(&spec, t(3)).stages, 2);
+        assert!(plan_fwd_sm80_with(&spec, t(1)).smem_bytes < plan_fwd_sm80_with(&spec, t(2)).smem_bytes);
+    }
+
+    #[test]
     fn plan_is_deterministic_and_fits_the_arch() {
         for spec in all_fwd_specs() {
             let a = plan(&spec).unwrap();
