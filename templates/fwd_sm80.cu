@@ -87,8 +87,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
 
     // K/V tiles: each thread streams its own chunks through the tiles where
     // it keeps one column (common/tile.cuh), else the general copy.
-    using KStream = TileStream<BLOCK_N, DQK, PITCH_QK, THREADS>;
-    using VStream = TileStream<BLOCK_N, DV, PITCH_V, THREADS>;
+    using KStream = KvStream<BLOCK_N, DQK, PITCH_QK, THREADS, D_QK>;
+    using VStream = KvStream<BLOCK_N, DV, PITCH_V, THREADS, D_V>;
     KStream k_stream(gK + n_begin * p.k_ss, p.k_ss, D_QK, tid);
     VStream v_stream(gV + n_begin * p.v_ss, p.v_ss, D_V, tid);
     // Shared-memory byte addresses of the buffers, formed once (a generic

@@ -370,6 +370,86 @@ struct TileStream {
     }
 };
 
+// The same stream with each row's chunks at immediate offsets from one
+// pointer per row (the forward's K and V at d >= 128): G consecutive threads
+// copy G * 16 contiguous bytes of a row per instruction (G = 8: whole
+// 128-byte lines, as many per warp instruction as TileStream's), and each
+// thread keeps the pointers of its ROWS * G / NTHREADS rows, stepped by a
+// whole tile *before* the copies. A cp.async reads its address registers only
+// when the load/store unit takes it, which under a full tile of copies is
+// hundreds of cycles later; TileStream's per-pass addresses are temporaries
+// that the next instructions reuse, and that rewrite waits on the long
+// scoreboard (ncu, d256: 9% of the samples on the two pointer adds). Here
+// the copies read only the row pointers, written a whole tile earlier.
+// Measured against TileStream (same-process A/B, H200, s8k): d256 (4 chunks
+// per row pointer) +3.0%, long-scoreboard samples 9.7% -> 4.1%; d128 (2 per
+// pointer) -1.0%. So FITS asks for at least 4 chunks per thread and row (d160,
+// d224, d256) and threads that cover whole rows; else TileStream serves.
+template <int ROWS, int DPAD, int PITCH, int NTHREADS, int D_REAL>
+struct RowStream {
+    static constexpr int CHUNKS = DPAD / 8;
+    static constexpr int G = CHUNKS % 8 == 0 ? 8 : 4;    // threads per row
+    static constexpr int CPR = CHUNKS / G;               // chunks per thread and row
+    static constexpr int SLOTS = NTHREADS / G;           // rows per pass
+    static constexpr int RPT = SLOTS > 0 ? ROWS / SLOTS : 0;   // rows per thread
+    static constexpr bool FITS = CHUNKS % G == 0 && CPR >= 4 && NTHREADS % G == 0 && SLOTS > 0 &&
+                                 ROWS % SLOTS == 0 && RPT >= 1 && RPT <= 4;
+    const elem_t* src[RPT > 0 ? RPT : 1];                // this thread's rows in the last tile copied
+    long long tile_step;                                 // ROWS rows
+    int row;                                             // first row in a tile (then + SLOTS each)
+    int col;                                             // first chunk (then + G each)
+    unsigned dst;                                        // byte offset in a tile buffer
+
+    __device__ __forceinline__ RowStream(const elem_t* first, long long stride, int /*d_real*/, int tid) {
+        row = tid / G;
+        col = tid % G;
+        tile_step = ROWS * stride;
+#pragma unroll
+        for (int j = 0; j < RPT; ++j) src[j] = first + (row + j * SLOTS) * stride + col * 8 - tile_step;
+        dst = (row * PITCH + col * 8) * 2;
+    }
+
+    // Chunk i of the row is in the head dim (pad chunks read nothing).
+    __device__ __forceinline__ bool col_ok(int i) const { return DPAD == D_REAL || (col + i * G) * 8 < D_REAL; }
+
+    // As TileStream::copy.
+    __device__ __forceinline__ void copy(unsigned s0, int valid_rows, const elem_t* safe) {
+#pragma unroll
+        for (int j = 0; j < RPT; ++j) src[j] += tile_step;
+        if (valid_rows >= ROWS) {                        // uniform: every tile but a last partial one
+#pragma unroll
+            for (int j = 0; j < RPT; ++j)
+#pragma unroll
+                for (int i = 0; i < CPR; ++i) {
+                    const unsigned d = s0 + dst + (j * SLOTS * PITCH + i * G * 8) * 2;
+                    if (DPAD == D_REAL) {
+                        cp_async_16(d, src[j] + i * G * 8, 16);
+                    } else {
+                        const bool ok = col_ok(i);
+                        cp_async_16(d, ok ? src[j] + i * G * 8 : safe, ok ? 16 : 0);
+                    }
+                }
+        } else {
+#pragma unroll
+            for (int j = 0; j < RPT; ++j)
+#pragma unroll
+                for (int i = 0; i < CPR; ++i) {
+                    const bool ok = col_ok(i) && row + j * SLOTS < valid_rows;
+                    cp_async_16(s0 + dst + (j * SLOTS * PITCH + i * G * 8) * 2, ok ? src[j] + i * G * 8 : safe,
+                                ok ? 16 : 0);
+                }
+        }
+    }
+};
+
+// The K/V stream of a tile shape: RowStream where it fits, else TileStream.
+template <bool C, typename A, typename B> struct pick_type { using type = A; };
+template <typename A, typename B> struct pick_type<false, A, B> { using type = B; };
+template <int ROWS, int DPAD, int PITCH, int NTHREADS, int D_REAL>
+using KvStream = typename pick_type<RowStream<ROWS, DPAD, PITCH, NTHREADS, D_REAL>::FITS,
+                                    RowStream<ROWS, DPAD, PITCH, NTHREADS, D_REAL>,
+                                    TileStream<ROWS, DPAD, PITCH, NTHREADS>>::type;
+
 
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
 attnforge_fwd_f16_d128_window_dense_softcap_sm80(const FwdParams p) {
@@ -430,8 +510,8 @@ attnforge_fwd_f16_d128_window_dense_softcap_sm80(const FwdParams p) {
 
     // K/V tiles: each thread streams its own chunks through the tiles where
     // it keeps one column (common/tile.cuh), else the general copy.
-    using KStream = TileStream<BLOCK_N, DQK, PITCH_QK, THREADS>;
-    using VStream = TileStream<BLOCK_N, DV, PITCH_V, THREADS>;
+    using KStream = KvStream<BLOCK_N, DQK, PITCH_QK, THREADS, D_QK>;
+    using VStream = KvStream<BLOCK_N, DV, PITCH_V, THREADS, D_V>;
     KStream k_stream(gK + n_begin * p.k_ss, p.k_ss, D_QK, tid);
     VStream v_stream(gV + n_begin * p.v_ss, p.v_ss, D_V, tid);
     // Shared-memory byte addresses of the buffers, formed once (a generic
