@@ -933,6 +933,8 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
         (false, 128, false, 8192),
         (false, 128, true, 16384),
         (false, 256, true, 16384),
+        (true, 64, false, 8192),
+        (true, 64, true, 8192),
         (true, 128, false, 8192),
         (true, 128, true, 8192),
         (true, 256, false, 8192),

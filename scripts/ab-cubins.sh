@@ -34,7 +34,8 @@ done
 # The sm80 instruction path where the planner takes wgmma (issue 3's figures
 # on the H200), named {spec}.sm80path.cubin; revisions before `compile --path`
 # have no such cubins, and the A/B skips those cells.
-for spec in fwd.bf16.d128.none.dense.sm90a fwd.bf16.d128.causal-tl.dense.sm90a fwd.bf16.d256.none.dense.sm90a \
+for spec in fwd.bf16.d64.none.dense.sm90a fwd.bf16.d64.causal-tl.dense.sm90a \
+            fwd.bf16.d128.none.dense.sm90a fwd.bf16.d128.causal-tl.dense.sm90a fwd.bf16.d256.none.dense.sm90a \
             bwd.bf16.d64.none.dense.sm90a bwd.bf16.d64.causal-tl.dense.sm90a bwd.bf16.d128.none.dense.sm90a \
             bwd.bf16.d128.causal-tl.dense.sm90a; do
   "$cli" compile "$spec" --path sm80 -o "$dir/$spec.sm80path.cubin" \

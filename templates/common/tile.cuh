@@ -110,7 +110,7 @@ struct TileStream {
 };
 
 // The same stream with each row's chunks at immediate offsets from one
-// pointer per row (the forward's K and V at d >= 128): G consecutive threads
+// pointer per row (the forward's K and V at d256): G consecutive threads
 // copy G * 16 contiguous bytes of a row per instruction (G = 8: whole
 // 128-byte lines, as many per warp instruction as TileStream's), and each
 // thread keeps the pointers of its ROWS * G / NTHREADS rows, stepped by a
@@ -122,12 +122,15 @@ struct TileStream {
 // the copies read only the row pointers, written a whole tile earlier.
 // Measured against TileStream (same-process A/B, H200, s8k): d256 (4 chunks
 // per row pointer) +3.0%, long-scoreboard samples 9.7% -> 4.1%; d128 (2 per
-// pointer) -1.0%. So FITS asks for at least 4 chunks per thread and row (d160,
-// d224, d256) and threads that cover whole rows; else TileStream serves.
+// pointer) -1.0%; with G = 2 or 4 (4 chunks per pointer at d64 and d128, so
+// half or quarter lines per row and instruction) -6% to -17%: a warp's copy
+// must read whole lines. So FITS asks for rows of whole lines, 4 chunks or more per
+// thread and row (d256), and threads that cover whole rows; else TileStream
+// serves.
 template <int ROWS, int DPAD, int PITCH, int NTHREADS, int D_REAL>
 struct RowStream {
     static constexpr int CHUNKS = DPAD / 8;
-    static constexpr int G = CHUNKS % 8 == 0 ? 8 : 4;    // threads per row
+    static constexpr int G = 8;                          // threads per row: one 128-byte line each
     static constexpr int CPR = CHUNKS / G;               // chunks per thread and row
     static constexpr int SLOTS = NTHREADS / G;           // rows per pass
     static constexpr int RPT = SLOTS > 0 ? ROWS / SLOTS : 0;   // rows per thread
