@@ -85,8 +85,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
     const unsigned k_frag = (((lane & 7) + (lane >> 4) * 8) * PITCH_QK + ((lane >> 3) & 1) * 8) * 2;
     const unsigned v_frag = (((lane & 7) + ((lane >> 3) & 1) * 8) * PITCH_V + (lane >> 4) * 8) * 2;
 
-    // K/V tiles: each thread streams its own chunks through the tiles where
-    // it keeps one column (common/tile.cuh), else the general copy.
+    // K/V tiles: each thread streams its own chunks through the tiles
+    // (common/tile.cuh: KvStream picks RowStream at d256, else TileStream
+    // where each thread keeps one column), else the general copy.
     using KStream = KvStream<BLOCK_N, DQK, PITCH_QK, THREADS, D_QK>;
     using VStream = KvStream<BLOCK_N, DV, PITCH_V, THREADS, D_V>;
     KStream k_stream(gK + n_begin * p.k_ss, p.k_ss, D_QK, tid);

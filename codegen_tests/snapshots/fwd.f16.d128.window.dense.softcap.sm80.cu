@@ -420,28 +420,24 @@ struct RowStream {
 #pragma unroll
         for (int j = 0; j < RPT; ++j) src[j] += tile_step;
         if (valid_rows >= ROWS) {                        // uniform: every tile but a last partial one
-#pragma unroll
-            for (int j = 0; j < RPT; ++j)
-#pragma unroll
-                for (int i = 0; i < CPR; ++i) {
-                    const unsigned d = s0 + dst + (j * SLOTS * PITCH + i * G * 8) * 2;
-                    if (DPAD == D_REAL) {
-                        cp_async_16(d, src[j] + i * G * 8, 16);
-                    } else {
-                        const bool ok = col_ok(i);
-                        cp_async_16(d, ok ? src[j] + i * G * 8 : safe, ok ? 16 : 0);
-                    }
-                }
+            copy_rows<false>(s0, valid_rows, safe);
         } else {
-#pragma unroll
-            for (int j = 0; j < RPT; ++j)
-#pragma unroll
-                for (int i = 0; i < CPR; ++i) {
-                    const bool ok = col_ok(i) && row + j * SLOTS < valid_rows;
-                    cp_async_16(s0 + dst + (j * SLOTS * PITCH + i * G * 8) * 2, ok ? src[j] + i * G * 8 : safe,
-                                ok ? 16 : 0);
-                }
+            copy_rows<true>(s0, valid_rows, safe);
         }
+    }
+
+    // This thread's chunks of the stepped tile; GUARD: rows at or past
+    // `valid_rows` read nothing (zero-filled).
+    template <bool GUARD>
+    __device__ __forceinline__ void copy_rows(unsigned s0, int valid_rows, const elem_t* safe) const {
+#pragma unroll
+        for (int j = 0; j < RPT; ++j)
+#pragma unroll
+            for (int i = 0; i < CPR; ++i) {
+                const bool ok = col_ok(i) && (!GUARD || row + j * SLOTS < valid_rows);
+                cp_async_16(s0 + dst + (j * SLOTS * PITCH + i * G * 8) * 2, ok ? src[j] + i * G * 8 : safe,
+                            ok ? 16 : 0);
+            }
     }
 };
 
@@ -511,8 +507,9 @@ attnforge_fwd_f16_d128_window_dense_softcap_sm80(const FwdParams p) {
     const unsigned k_frag = (((lane & 7) + (lane >> 4) * 8) * PITCH_QK + ((lane >> 3) & 1) * 8) * 2;
     const unsigned v_frag = (((lane & 7) + ((lane >> 3) & 1) * 8) * PITCH_V + (lane >> 4) * 8) * 2;
 
-    // K/V tiles: each thread streams its own chunks through the tiles where
-    // it keeps one column (common/tile.cuh), else the general copy.
+    // K/V tiles: each thread streams its own chunks through the tiles
+    // (common/tile.cuh: KvStream picks RowStream at d256, else TileStream
+    // where each thread keeps one column), else the general copy.
     using KStream = KvStream<BLOCK_N, DQK, PITCH_QK, THREADS, D_QK>;
     using VStream = KvStream<BLOCK_N, DV, PITCH_V, THREADS, D_V>;
     KStream k_stream(gK + n_begin * p.k_ss, p.k_ss, D_QK, tid);
