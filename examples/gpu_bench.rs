@@ -851,6 +851,34 @@ fn trace80b(rng: &mut rand::rngs::StdRng) {
     }
 }
 
+/// The file of `spec` that `--ab` takes from `dir`: `file` where it is there;
+/// else, for the sm90a forward (`{spec}.c{consumers}.bn{block_n}.st{stages}.cubin`),
+/// the dir's one cubin of the same spec under another tile plan, if its plan
+/// sidecar is beside it (a branch that changes the planner's tiles; the A/B
+/// then launches it with that plan).
+fn ab_file(dir: &str, spec: &AttnSpec, file: &str) -> String {
+    let prefix = format!("{spec}.c");
+    if std::path::Path::new(dir).join(file).exists() || !file.starts_with(&prefix) {
+        return file.to_string();
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return file.to_string();
+    };
+    let mut other: Vec<String> = entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&prefix) && n.ends_with(".cubin"))
+        .filter(|n| std::path::Path::new(dir).join(format!("{n}.plan.json")).exists())
+        .collect();
+    other.sort();
+    match other.as_slice() {
+        [one] => {
+            println!("ab {spec}: {dir} has {one} (another tile plan) in place of {file}");
+            one.clone()
+        }
+        _ => file.to_string(),
+    }
+}
+
 /// Same-process A/B of the planner's kernels against carried cubins
 /// (`--ab DIR[,DIR...]`, session step `ab`, dirs from `scripts/ab-cubins.sh REV DIR`):
 /// the sm90a forward (`{spec}.c{consumers}.bn{block_n}.st{stages}.cubin`, both
@@ -869,6 +897,8 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
     let modules = |spec: &AttnSpec, planned: &attnforge::CompiledKernel, file: &str| {
         let mut kernels = vec![("this tree".to_string(), planned.clone())];
         for dir in dirs {
+            let file = ab_file(dir, spec, file);
+            let file = file.as_str();
             match std::fs::read(std::path::Path::new(dir).join(file)) {
                 Ok(bytes) => {
                     // The same spec's entries, the other cubin, launched with the
