@@ -5,7 +5,7 @@
 # named as gpu_bench looks them up, into DIR
 # (default .gpu/ab), each with its plan beside it ({cubin}.plan.json: the
 # A/B launches the cubin with that revision's launch geometry).
-#   usage: scripts/ab-cubins.sh REV [DIR]      (NVRTC as for `make sweep`)
+#   usage: [AB_TARGET_DIR=DIR] scripts/ab-cubins.sh REV [DIR]      (NVRTC as for `make sweep`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rev=${1:?usage: scripts/ab-cubins.sh REV [DIR]}
@@ -14,9 +14,13 @@ mkdir -p "$dir"
 wt=$(mktemp -d)/tree
 git worktree add -q --detach "$wt" "$rev"
 trap 'git worktree remove --force "$wt"' EXIT
-# A separate target dir: the CLI embeds its tree's templates.
-(cd "$wt" && CARGO_TARGET_DIR="$PWD/../target" cargo build -q --release -p attnforge-cli)
-cli="$wt/../target/release/attnforge"
+# A separate target dir: the CLI embeds its tree's templates. AB_TARGET_DIR
+# keeps one across runs (the dependencies are built once; never this tree's
+# own target/, whose CLI would be rebuilt from the other tree's sources).
+target=$(realpath -m "${AB_TARGET_DIR:-$wt/../target}")
+[ "$target" != "$(realpath -m target)" ] || { echo "ab-cubins: AB_TARGET_DIR must not be ./target" >&2; exit 2; }
+(cd "$wt" && CARGO_TARGET_DIR="$target" cargo build -q --release -p attnforge-cli)
+cli="$target/release/attnforge"
 for spec in fwd.bf16.d64.none.dense.sm90a fwd.bf16.d128.none.dense.sm90a fwd.bf16.d128.causal-tl.dense.sm90a \
             fwd.bf16.d256.none.dense.sm90a fwd.bf16.d256.causal-tl.dense.sm90a; do
   # The plan's consumers, block_n and stages name the file (as in examples/gpu_bench.rs).
