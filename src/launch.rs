@@ -227,6 +227,17 @@ pub fn check_fwd(plan: &KernelPlan, a: &FwdArgs) -> Result<Option<(FwdParams, La
             "the sm90a forward bounds its K/V reads by total_k: give the number of key tokens of the ragged batch",
         ));
     }
+    check_output_disjoint(
+        spec.layout,
+        "o",
+        &a.o,
+        (
+            p.batch,
+            output_rows(spec.layout, p.seqlen_q, p.total_q),
+            p.heads_q,
+            spec.head_dim_v as u32,
+        ),
+    )?;
     let batch = p.batch;
     if batch == 0 || p.seqlen_q == 0 {
         return Ok(None);
@@ -423,6 +434,61 @@ pub(crate) fn check_tensors(layout: Layout, tensors: &[(&'static str, &TensorArg
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+/// An output tensor must give every (batch, row, head, column) element its
+/// own address: strides that make two of them alias (a zero stride, or a
+/// head stride below the head dim) would have blocks race on the same
+/// memory and return a wrong answer without an error. Inputs may alias
+/// (broadcast views read the same rows). `rows`: the rows the kernels write
+/// (dense: seqlen; THD: the larger of the total and the longest sequence, the
+/// batch stride being unused), `cols`: the head dim. The test is the usual
+/// sufficient one: sorted by stride, each dimension's stride lies past
+/// everything the smaller ones span; it accepts every permutation of the
+/// dimensions, padded rows and views into a packed buffer.
+/// The rows of one output head: dense `seqlen`; THD the larger of the
+/// total (when given) and the longest sequence.
+pub(crate) fn output_rows(layout: Layout, seqlen: u32, total: u32) -> u32 {
+    match layout {
+        Layout::Dense => seqlen,
+        Layout::Thd => seqlen.max(total),
+    }
+}
+
+pub(crate) fn check_output_disjoint(
+    layout: Layout,
+    name: &'static str,
+    t: &TensorArg,
+    (batch, rows, heads, cols): (u32, u32, u32, u32),
+) -> Result<(), LaunchError> {
+    if batch == 0 || rows == 0 || heads == 0 || cols == 0 {
+        return Ok(()); // no elements
+    }
+    let mut dims = vec![
+        (1u128, cols, "head-dim"),
+        (t.stride_head as u128, heads, "head"),
+        (t.stride_seq as u128, rows, "sequence"),
+    ];
+    if layout == Layout::Dense {
+        dims.push((t.stride_batch as u128, batch, "batch"));
+    }
+    dims.retain(|&(_, n, _)| n > 1);
+    dims.sort_by_key(|&(stride, _, _)| stride);
+    let mut span = 0u128; // the largest offset the smaller dimensions reach
+    for (stride, n, what) in dims {
+        if stride <= span {
+            return Err(invalid(
+                name,
+                format!(
+                    "output elements alias: the {what} stride ({stride} elements, extent {n}) falls within the \
+                     {} elements that the smaller dimensions span; an output needs its own address per element",
+                    span + 1
+                ),
+            ));
+        }
+        span += stride * (n as u128 - 1);
     }
     Ok(())
 }
@@ -1145,10 +1211,7 @@ mod tests {
         assert_eq!(dims.grid, (16, 1000u32.div_ceil(128), 1));
         // Its tile index (x + y * gridDim.x) is an int too: more tiles are refused
         // (2^20 x 2^11 (batch x heads) x 1 query block = 2^31).
-        let mut many = dense_args(1, 1, 1, 64, 64, 128);
-        many.problem.batch = 1 << 20;
-        many.problem.heads_q = 1 << 11;
-        many.problem.heads_kv = 1 << 11;
+        let many = dense_args(1 << 20, 1 << 11, 1 << 11, 64, 64, 128);
         assert!(matches!(
             check_fwd(&one, &many),
             Err(LaunchError::InvalidArgument { arg: "batch", .. })
@@ -1270,6 +1333,92 @@ mod tests {
         a.lse = None;
         let (params, _) = check_fwd(&pl, &a).unwrap().unwrap();
         assert_eq!((params.lse, params.o), (0, 0x4000));
+    }
+
+    #[test]
+    fn outputs_must_not_alias_inputs_may() {
+        let pl = p(Mask::None, Layout::Dense);
+        let alias = |a: &FwdArgs| matches!(check_fwd(&pl, a), Err(LaunchError::InvalidArgument { arg: "o", .. }));
+        // Every permutation and padding of [b, s, h, d] is accepted: BSHD,
+        // BHSD, SBHD, a view into a packed [b, s, 3, h, d] buffer, padded rows.
+        let (b, h, s, d) = (2u32, 4u32, 100u32, 128i64);
+        let mut a = dense_args(b, h, h, s, s, d);
+        assert!(check_fwd(&pl, &a).unwrap().is_some());
+        a.o = TensorArg::bhsd(0x4000, s as i64, h as i64, d);
+        assert!(check_fwd(&pl, &a).is_ok());
+        a.o = TensorArg {
+            ptr: 0x4000,
+            stride_batch: h as i64 * d,
+            stride_seq: b as i64 * h as i64 * d,
+            stride_head: d,
+        };
+        assert!(check_fwd(&pl, &a).is_ok());
+        let packed = TensorArg {
+            ptr: 0x4000,
+            stride_batch: s as i64 * 3 * h as i64 * d,
+            stride_seq: 3 * h as i64 * d,
+            stride_head: d,
+        };
+        a.o = packed;
+        assert!(check_fwd(&pl, &a).is_ok());
+        a.o.stride_seq += 8; // padded rows
+        assert!(check_fwd(&pl, &a).is_ok());
+        // Aliasing outputs are refused: a zero stride, heads closer than the
+        // head dim, rows of a batch inside another's, equal strides.
+        for (sb, ss, sh) in [
+            (0, h as i64 * d, d),
+            (s as i64 * h as i64 * d, 0, d),
+            (s as i64 * h as i64 * 64, h as i64 * 64, 64),
+            (h as i64 * d, h as i64 * d, d),
+            (d, h as i64 * d, d),
+        ] {
+            a.o = TensorArg {
+                ptr: 0x4000,
+                stride_batch: sb,
+                stride_seq: ss,
+                stride_head: sh,
+            };
+            assert!(alias(&a), "strides {sb} {ss} {sh}");
+        }
+        // A zero stride is fine where the extent is 1 (one head), and on
+        // inputs (a broadcast K/V view).
+        let mut one = dense_args(b, 1, 1, s, s, d);
+        one.o.stride_head = 0;
+        one.k.stride_batch = 0;
+        one.v.stride_batch = 0;
+        assert!(check_fwd(&pl, &one).unwrap().is_some());
+        // THD: the rows are the larger of total_q and the longest sequence.
+        let thd = p(Mask::None, Layout::Thd);
+        let mut t = FwdArgs {
+            q: TensorArg::thd(0x1000, 4, 128),
+            k: TensorArg::thd(0x2000, 4, 128),
+            v: TensorArg::thd(0x3000, 4, 128),
+            o: TensorArg::thd(0x4000, 4, 128),
+            lse: Some(0x5000),
+            problem: FwdProblem {
+                batch: 3,
+                heads_q: 4,
+                heads_kv: 4,
+                seqlen_q: 100,
+                seqlen_k: 100,
+                cu_seqlens_q: Some(0x6000),
+                cu_seqlens_k: Some(0x7000),
+                total_q: 250,
+                window: (-1, -1),
+                ..Default::default()
+            },
+        };
+        assert!(check_fwd(&thd, &t).unwrap().is_some());
+        t.o.stride_seq = 0;
+        assert!(matches!(
+            check_fwd(&thd, &t),
+            Err(LaunchError::InvalidArgument { arg: "o", .. })
+        ));
+        t.problem.total_q = 0;
+        assert!(matches!(
+            check_fwd(&thd, &t),
+            Err(LaunchError::InvalidArgument { arg: "o", .. })
+        ));
     }
 
     #[test]

@@ -22,7 +22,10 @@ use std::ffi::c_void;
 
 use cudarc::driver::{result, sys};
 
-use crate::launch::{check_problem, check_tensors, FwdProblem, LaunchDims, LaunchError, LoadedKernel, TensorArg};
+use crate::launch::{
+    check_output_disjoint, check_problem, check_tensors, output_rows, FwdProblem, LaunchDims, LaunchError,
+    LoadedKernel, TensorArg,
+};
 use crate::plan::plan_bwd::{BwdEntries, BwdPlan};
 use crate::plan::KernelPlan;
 use crate::spec::{AttnSpec, Direction, Layout};
@@ -189,6 +192,14 @@ pub fn check_bwd(
             ("dv", &a.dv),
         ],
     )?;
+    let (q_rows, k_rows) = (
+        output_rows(spec.layout, p.seqlen_q, p.total_q),
+        output_rows(spec.layout, p.seqlen_k, p.total_k),
+    );
+    let (d_qk, d_v) = (spec.head_dim_qk as u32, spec.head_dim_v as u32);
+    check_output_disjoint(spec.layout, "dq", &a.dq, (p.batch, q_rows, p.heads_q, d_qk))?;
+    check_output_disjoint(spec.layout, "dk", &a.dk, (p.batch, k_rows, p.heads_kv, d_qk))?;
+    check_output_disjoint(spec.layout, "dv", &a.dv, (p.batch, k_rows, p.heads_kv, d_v))?;
     for (name, ptr) in [("lse", a.lse), ("dsum", a.dsum)] {
         if ptr == 0 || !ptr.is_multiple_of(4) {
             return Err(invalid(name, "f32 pointer must be non-null and 4-byte aligned"));
@@ -557,6 +568,33 @@ mod tests {
             Err(LaunchError::SpecMismatch { .. })
         ));
         assert_eq!(bwd_workspace_bytes(&f, &ok.problem), 0);
+    }
+
+    #[test]
+    fn gradients_must_not_alias() {
+        let p = pl("bwd.bf16.d64.causal-br.dense.sm80");
+        let ok = args(2, 8, 2, 64, 64, 64);
+        let need = bwd_workspace_bytes(&p, &ok.problem);
+        assert!(check_bwd(&p, &ok, 0x1000, need).unwrap().is_some());
+        for name in ["dq", "dk", "dv"] {
+            let mut a = ok.clone();
+            let t = match name {
+                "dq" => &mut a.dq,
+                "dk" => &mut a.dk,
+                _ => &mut a.dv,
+            };
+            t.stride_head = 0; // every head on the same rows
+            match check_bwd(&p, &a, 0x1000, need) {
+                Err(LaunchError::InvalidArgument { arg, .. }) => assert_eq!(arg, name),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        // MQA: one kv head, whose head stride is never used.
+        let mut mqa = args(2, 8, 1, 64, 64, 64);
+        mqa.dk.stride_head = 0;
+        mqa.dv.stride_head = 0;
+        let need = bwd_workspace_bytes(&p, &mqa.problem);
+        assert!(check_bwd(&p, &mqa, 0x1000, need).unwrap().is_some());
     }
 
     #[test]
