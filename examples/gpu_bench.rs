@@ -955,6 +955,8 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
     // planner takes wgmma (`attnforge compile --path sm80`, `{spec}.sm80path.cubin`).
     for (sm80, d, causal, s) in [
         (false, 64usize, false, 512usize),
+        (false, 64, true, 512),
+        (false, 64, true, 2048),
         (false, 128, false, 512),
         (false, 128, true, 512),
         (false, 256, false, 512),

@@ -21,7 +21,7 @@ target=$(realpath -m "${AB_TARGET_DIR:-$wt/../target}")
 [ "$target" != "$(realpath -m target)" ] || { echo "ab-cubins: AB_TARGET_DIR must not be ./target" >&2; exit 2; }
 (cd "$wt" && CARGO_TARGET_DIR="$target" cargo build -q --release -p attnforge-cli)
 cli="$target/release/attnforge"
-for spec in fwd.bf16.d64.none.dense.sm90a fwd.bf16.d128.none.dense.sm90a fwd.bf16.d128.causal-tl.dense.sm90a \
+for spec in fwd.bf16.d64.none.dense.sm90a fwd.bf16.d64.causal-tl.dense.sm90a fwd.bf16.d128.none.dense.sm90a fwd.bf16.d128.causal-tl.dense.sm90a \
             fwd.bf16.d256.none.dense.sm90a fwd.bf16.d256.causal-tl.dense.sm90a; do
   # The plan's consumers, block_n and stages name the file (as in examples/gpu_bench.rs).
   read -r bm bn st < <("$cli" plan "$spec" | sed -n 's/^tile .*block_m=\([0-9]*\) block_n=\([0-9]*\) .*stages=\([0-9]*\).*/\1 \2 \3/p')
