@@ -709,6 +709,73 @@ fn trace90(rng: &mut rand::rngs::StdRng) {
 /// A forward problem in BHSD (b × h heads, seqlen s, head dim d) on fresh
 /// random Q, K, V, with O and LSE buffers; the buffers live as long as the
 /// returned vector.
+/// Sequence lengths of a ragged THD problem: 16k tokens in sequences of
+/// random length 128..4096.
+fn ragged_lens(rng: &mut rand::rngs::StdRng) -> Vec<usize> {
+    let mut lens = Vec::new();
+    let mut total = 0;
+    while total < 16384 {
+        let l = rng.gen_range(128..=4096).min(16384 - total);
+        lens.push(l);
+        total += l;
+    }
+    lens
+}
+
+/// A ragged THD self-attention problem over `lens`, h = 2048 / d heads,
+/// random inputs: the buffers and the arguments (cu_seqlens on the device).
+fn ragged_problem(d: usize, lens: &[usize], rng: &mut rand::rngs::StdRng) -> (Vec<Dev>, FwdArgs) {
+    let h = 2048 / d;
+    let total: usize = lens.iter().sum();
+    let mut cu = vec![0i32];
+    for l in lens {
+        cu.push(cu.last().unwrap() + *l as i32);
+    }
+    let max = *lens.iter().max().unwrap();
+    let n = total * h * d;
+    let bufs = vec![
+        Dev::random(n, rng),
+        Dev::random(n, rng),
+        Dev::random(n, rng),
+        Dev::zeroed(n * 2),
+        Dev::zeroed(h * total * 4),
+        Dev::zeroed(cu.len() * 4),
+    ];
+    // SAFETY: bufs[5] holds cu.len() int32.
+    unsafe { result::memcpy_htod_sync(bufs[5].0, &cu).expect("htod") };
+    let t = |p| TensorArg::thd(p, h as i64, d as i64);
+    let fa = FwdArgs {
+        q: t(bufs[0].0),
+        k: t(bufs[1].0),
+        v: t(bufs[2].0),
+        o: t(bufs[3].0),
+        lse: Some(bufs[4].0),
+        problem: FwdProblem {
+            batch: lens.len() as u32,
+            heads_q: h as u32,
+            heads_kv: h as u32,
+            seqlen_q: max as u32,
+            seqlen_k: max as u32,
+            cu_seqlens_q: Some(bufs[5].0),
+            cu_seqlens_k: Some(bufs[5].0),
+            total_q: total as u32,
+            total_k: total as u32,
+            window: (-1, -1),
+            ..Default::default()
+        },
+    };
+    (bufs, fa)
+}
+
+/// Forward FLOPs of a ragged problem (causal: half of each sequence's square).
+fn ragged_flops(lens: &[usize], h: usize, d: usize, causal: bool) -> f64 {
+    let pairs: f64 = lens
+        .iter()
+        .map(|&l| (l * l) as f64 * if causal { 0.5 } else { 1.0 })
+        .sum();
+    4.0 * pairs * (h * d) as f64
+}
+
 fn fwd_problem(b: usize, h: usize, s: usize, d: usize, rng: &mut rand::rngs::StdRng) -> (Vec<Dev>, FwdArgs) {
     let n = b * h * s * d;
     let bufs = vec![
@@ -886,7 +953,8 @@ fn ab_file(dir: &str, spec: &AttnSpec, file: &str) -> String {
 /// backward (`{spec}.cubin`: the sm80 instruction path at d256, the wgmma
 /// backward at d64/d128, marked `bwd90`), and the sm80
 /// path's forward and d64/d128 backward where the planner takes wgmma
-/// (`{spec}.sm80path.cubin`, `attnforge compile --path sm80`), each cubin built
+/// (`{spec}.sm80path.cubin`, `attnforge compile --path sm80`), dense and (`s=thd`)
+/// the bench's ragged THD problem from a fixed draw of lengths, each cubin built
 /// from another tree and launched with that tree's plan (`{cubin}.plan.json`
 /// beside it; this tree's plan where it is missing). Every module is timed as
 /// the peers are, in five interleaved rounds on the same inputs, each round
@@ -953,6 +1021,8 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
     // The planner's sm90a forward (`{spec}.c{consumers}.bn{block_n}.st{stages}.cubin`)
     // and, marked `fwd80`, the sm80 instruction path's forward where the
     // planner takes wgmma (`attnforge compile --path sm80`, `{spec}.sm80path.cubin`).
+    // The ragged cells' lengths: a fixed draw, the same in every run.
+    let ragged_lens_ab = ragged_lens(&mut rand::rngs::StdRng::seed_from_u64(11));
     for (sm80, d, causal, s) in [
         (false, 64usize, false, 512usize),
         (false, 64, true, 512),
@@ -970,9 +1040,21 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
         (true, 128, false, 8192),
         (true, 128, true, 8192),
         (true, 256, false, 8192),
+        // s = 0: the bench's ragged THD problem (causal bottom-right).
+        (false, 128, false, 0),
+        (false, 128, true, 0),
+        (false, 256, false, 0),
+        (false, 256, true, 0),
+        (true, 256, false, 0),
     ] {
-        let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
-        let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, Arch::Sm90a);
+        let ragged = s == 0;
+        let (mask, layout) = match (causal, ragged) {
+            (false, false) => (Mask::None, Layout::Dense),
+            (true, false) => (Mask::CausalTopLeft, Layout::Dense),
+            (false, true) => (Mask::None, Layout::Thd),
+            (true, true) => (Mask::CausalBottomRight, Layout::Thd),
+        };
+        let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, layout, Arch::Sm90a);
         let (planned, file, what) = if sm80 {
             let plan = attnforge::plan::plan_sm80_path(&spec).expect("sm80-path plan");
             let k = attnforge::jit::build_plan(plan).expect("build");
@@ -991,15 +1073,26 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
         if runs.len() < 2 {
             continue;
         }
-        let (h, b) = (2048 / d, 16384 / s);
-        let (_buffers, fa) = fwd_problem(b, h, s, d, rng);
-        let flops = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 };
+        let h = 2048 / d;
+        let (_buffers, fa, flops) = if ragged {
+            let (bufs, fa) = ragged_problem(d, &ragged_lens_ab, rng);
+            (bufs, fa, ragged_flops(&ragged_lens_ab, h, d, causal))
+        } else {
+            let b = 16384 / s;
+            let (bufs, fa) = fwd_problem(b, h, s, d, rng);
+            (
+                bufs,
+                fa,
+                4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 },
+            )
+        };
+        let seq = if ragged { "thd".to_string() } else { s.to_string() };
         // SAFETY: buffers sized for the problem.
         let mut run = |i: usize| unsafe { launch::launch_fwd(&runs[i].1, &fa, std::ptr::null_mut()).expect("launch") };
         let figures = rounds(runs.len(), &mut run, flops);
         for ((name, lk), f) in runs.iter().zip(&figures) {
             report(
-                &format!("{what}d={d:<3} s={s:<5} causal={causal:<5}"),
+                &format!("{what}d={d:<3} s={seq:<5} causal={causal:<5}"),
                 name,
                 f,
                 entry_of(lk, &fa),
@@ -1314,18 +1407,8 @@ fn main() {
     // Ragged THD: 16k tokens in sequences of random length 128..4096, d128 and d256.
     for d in [128usize, 256] {
         let h = 2048 / d;
-        let mut lens = Vec::new();
-        let mut total = 0;
-        while total < 16384 {
-            let l = rng.gen_range(128..=4096).min(16384 - total);
-            lens.push(l);
-            total += l;
-        }
-        let mut cu = vec![0i32];
-        for l in &lens {
-            cu.push(cu.last().unwrap() + *l as i32);
-        }
-        let max = *lens.iter().max().unwrap();
+        let lens = ragged_lens(&mut rng);
+        let total: usize = lens.iter().sum();
         for causal in [false, true] {
             let mask = if causal { Mask::CausalBottomRight } else { Mask::None };
             let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Thd, arch);
@@ -1333,38 +1416,7 @@ fn main() {
                 continue;
             };
             let lk = launch::load(&k).expect("load");
-            let n = total * h * d;
-            let (q, kk, v) = (
-                Dev::random(n, &mut rng),
-                Dev::random(n, &mut rng),
-                Dev::random(n, &mut rng),
-            );
-            let o = Dev::zeroed(n * 2);
-            let lse = Dev::zeroed(h * total * 4);
-            let cu_d = Dev::zeroed(cu.len() * 4);
-            // SAFETY: cu_d holds cu.len() int32.
-            unsafe { result::memcpy_htod_sync(cu_d.0, &cu).expect("htod") };
-            let t = |p| TensorArg::thd(p, h as i64, d as i64);
-            let fa = FwdArgs {
-                q: t(q.0),
-                k: t(kk.0),
-                v: t(v.0),
-                o: t(o.0),
-                lse: Some(lse.0),
-                problem: FwdProblem {
-                    batch: lens.len() as u32,
-                    heads_q: h as u32,
-                    heads_kv: h as u32,
-                    seqlen_q: max as u32,
-                    seqlen_k: max as u32,
-                    cu_seqlens_q: Some(cu_d.0),
-                    cu_seqlens_k: Some(cu_d.0),
-                    total_q: total as u32,
-                    total_k: total as u32,
-                    window: (-1, -1),
-                    ..Default::default()
-                },
-            };
+            let (_buffers, fa) = ragged_problem(d, &lens, &mut rng);
             // SAFETY: buffers sized for the problem.
             let ms = time_ms(
                 || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") },
@@ -1372,11 +1424,8 @@ fn main() {
                 100.0,
             );
             let entry = entry_of(&lk, &fa);
-            let pairs: f64 = lens
-                .iter()
-                .map(|&l| (l * l) as f64 * if causal { 0.5 } else { 1.0 })
-                .sum();
-            let tf = 4.0 * pairs * (h * d) as f64 / ms / 1e9;
+            let flops = ragged_flops(&lens, h, d, causal);
+            let tf = flops / ms / 1e9;
             println!(
                 "{spec:<40} ragged {} seqs, {total} tokens {ms:8.3} ms {tf:7.1} TFLOP/s{entry}",
                 lens.len()
@@ -1386,7 +1435,7 @@ fn main() {
                 "causal": causal, "fwd_ms": ms, "fwd_tflops": tf, "registers": k.meta.registers,
                 "template": format!("{}{entry}", k.plan.template.file()),
             });
-            if let Some(tf80) = time_sm80_path(&spec, &k, &fa, 4.0 * pairs * (h * d) as f64) {
+            if let Some(tf80) = time_sm80_path(&spec, &k, &fa, flops) {
                 row["fwd_sm80_tflops"] = tf80.into();
             }
             rows.push(row);

@@ -22,7 +22,9 @@ target=$(realpath -m "${AB_TARGET_DIR:-$wt/../target}")
 (cd "$wt" && CARGO_TARGET_DIR="$target" cargo build -q --release -p attnforge-cli)
 cli="$target/release/attnforge"
 for spec in fwd.bf16.d64.none.dense.sm90a fwd.bf16.d64.causal-tl.dense.sm90a fwd.bf16.d128.none.dense.sm90a fwd.bf16.d128.causal-tl.dense.sm90a \
-            fwd.bf16.d256.none.dense.sm90a fwd.bf16.d256.causal-tl.dense.sm90a; do
+            fwd.bf16.d256.none.dense.sm90a fwd.bf16.d256.causal-tl.dense.sm90a \
+            fwd.bf16.d128.none.thd.sm90a fwd.bf16.d128.causal-br.thd.sm90a \
+            fwd.bf16.d256.none.thd.sm90a fwd.bf16.d256.causal-br.thd.sm90a; do
   # The plan's consumers, block_n and stages name the file (as in examples/gpu_bench.rs).
   read -r bm bn st < <("$cli" plan "$spec" | sed -n 's/^tile .*block_m=\([0-9]*\) block_n=\([0-9]*\) .*stages=\([0-9]*\).*/\1 \2 \3/p')
   "$cli" compile "$spec" -o "$dir/$spec.c$((bm / 64)).bn$bn.st$st.cubin"
@@ -40,6 +42,7 @@ done
 # have no such cubins, and the A/B skips those cells.
 for spec in fwd.bf16.d64.none.dense.sm90a fwd.bf16.d64.causal-tl.dense.sm90a \
             fwd.bf16.d128.none.dense.sm90a fwd.bf16.d128.causal-tl.dense.sm90a fwd.bf16.d256.none.dense.sm90a \
+            fwd.bf16.d256.none.thd.sm90a \
             bwd.bf16.d64.none.dense.sm90a bwd.bf16.d64.causal-tl.dense.sm90a bwd.bf16.d128.none.dense.sm90a \
             bwd.bf16.d128.causal-tl.dense.sm90a; do
   "$cli" compile "$spec" --path sm80 -o "$dir/$spec.sm80path.cubin" \

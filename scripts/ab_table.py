@@ -13,7 +13,7 @@ import re
 import sys
 
 LINE = re.compile(
-    r"ab (?P<kind>fwd80|bwd90|bwd)?\s*d=(?P<d>\d+)\s+s=(?P<s>\d+)\s+causal=(?P<causal>\w+)\s+"
+    r"ab (?P<kind>fwd80|bwd90|bwd)?\s*d=(?P<d>\d+)\s+s=(?P<s>\w+)\s+causal=(?P<causal>\w+)\s+"
     r"(?P<tf>[\d.]+) TFLOP/s median \(rounds (?P<rounds>[\d ]+)\)(?P<entry>[^.]*?)\s*"
     r"(?P<who>this tree|\S+)\s*$")
 
@@ -29,7 +29,8 @@ def main(argv):
             if not m:
                 continue
             kind = m["kind"] or "fwd90"
-            cell = f"{kind} d{m['d']} s{m['s']}{' causal' if m['causal'] == 'true' else ''}{m['entry'].rstrip()}"
+            seq = "ragged" if m["s"] == "thd" else f"s{m['s']}"
+            cell = f"{kind} d{m['d']} {seq}{' causal' if m['causal'] == 'true' else ''}{m['entry'].rstrip()}"
             who = m["who"]
             if who != "this tree":
                 parts = who.split("/")
