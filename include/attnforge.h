@@ -18,6 +18,8 @@
  *    where the forward reads through TMA, no stride 0 over a dimension longer
  *    than 1). THD (ragged): [total_tokens, heads, d] with int32 cu_seqlens_q/k
  *    of batch + 1 prefix sums (device pointers) and total_q/total_k set.
+ *    Outputs (O, dQ, dK, dV) need an address per element: strides that make two
+ *    elements of one output alias are ATTNFORGE_ERR_INVALID_ARGUMENT.
  *  - LSE is f32, natural log: dense [batch, heads_q, seqlen_q], THD
  *    [heads_q, total_q], contiguous (attnforge_fwd_context says which).
  *  - Text outputs are NUL-terminated and truncated to the buffer.
