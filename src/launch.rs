@@ -438,6 +438,15 @@ pub(crate) fn check_tensors(layout: Layout, tensors: &[(&'static str, &TensorArg
     Ok(())
 }
 
+/// The rows of one output head: dense `seqlen`; THD the larger of the
+/// total (when given) and the longest sequence.
+pub(crate) fn output_rows(layout: Layout, seqlen: u32, total: u32) -> u32 {
+    match layout {
+        Layout::Dense => seqlen,
+        Layout::Thd => seqlen.max(total),
+    }
+}
+
 /// An output tensor must give every (batch, row, head, column) element its
 /// own address: strides that make two of them alias (a zero stride, or a
 /// head stride below the head dim) would have blocks race on the same
@@ -448,15 +457,6 @@ pub(crate) fn check_tensors(layout: Layout, tensors: &[(&'static str, &TensorArg
 /// sufficient one: sorted by stride, each dimension's stride lies past
 /// everything the smaller ones span; it accepts every permutation of the
 /// dimensions, padded rows and views into a packed buffer.
-/// The rows of one output head: dense `seqlen`; THD the larger of the
-/// total (when given) and the longest sequence.
-pub(crate) fn output_rows(layout: Layout, seqlen: u32, total: u32) -> u32 {
-    match layout {
-        Layout::Dense => seqlen,
-        Layout::Thd => seqlen.max(total),
-    }
-}
-
 pub(crate) fn check_output_disjoint(
     layout: Layout,
     name: &'static str,
