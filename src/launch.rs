@@ -466,18 +466,17 @@ pub(crate) fn check_output_disjoint(
     if batch == 0 || rows == 0 || heads == 0 || cols == 0 {
         return Ok(()); // no elements
     }
-    let mut dims = vec![
+    // On the stack: this runs before every launch (THD has no batch dimension).
+    let batch = if layout == Layout::Dense { batch } else { 1 };
+    let mut dims = [
         (1u128, cols, "head-dim"),
         (t.stride_head as u128, heads, "head"),
         (t.stride_seq as u128, rows, "sequence"),
+        (t.stride_batch as u128, batch, "batch"),
     ];
-    if layout == Layout::Dense {
-        dims.push((t.stride_batch as u128, batch, "batch"));
-    }
-    dims.retain(|&(_, n, _)| n > 1);
-    dims.sort_by_key(|&(stride, _, _)| stride);
+    dims.sort_unstable_by_key(|&(stride, _, _)| stride);
     let mut span = 0u128; // the largest offset the smaller dimensions reach
-    for (stride, n, what) in dims {
+    for (stride, n, what) in dims.into_iter().filter(|&(_, n, _)| n > 1) {
         if stride <= span {
             return Err(invalid(
                 name,
