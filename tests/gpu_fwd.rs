@@ -93,6 +93,25 @@ fn cases() -> Vec<Case> {
         .window(64, 8)
         .softcap(20.0),
         thd("fwd.bf16.d64.window.thd.sm90a", 4, 4, &[(1000, 1000), (1, 1)]).window(128, -1),
+        // Many sequences of unequal lengths (empty, one token, block edges,
+        // fewer keys than queries): the one-tile entry's blocks map onto the
+        // tiles of every sequence, whatever order they take them in.
+        thd(
+            "fwd.bf16.d128.causal-br.thd.sm90a",
+            4,
+            2,
+            &[
+                (700, 700),
+                (1, 1),
+                (0, 5),
+                (1200, 1200),
+                (129, 129),
+                (64, 64),
+                (300, 65),
+                (500, 900),
+                (128, 128),
+            ],
+        ),
     ];
     v.push(dense("fwd.f16.d128.none.dense.softcap.sm90a", 1, 4, 4, 257, 513).softcap(50.0));
     // Scores that grow (shrink) along the keys by far more than one key
