@@ -11,8 +11,8 @@
 //! specs run twice and must match bitwise.
 //!
 //! Needs a CUDA GPU; without one it prints a skip line and passes. On Hopper
-//! the sm80-path specs run as their `.sm90a` build. `ATTNFORGE_GPU_CASES=str`
-//! runs only the cases whose spec contains `str`; `ATTNFORGE_SEED` fixes the
+//! the sm80-path specs run as their `.sm90a` build. `ATTNFORGE_GPU_CASES=a,b`
+//! runs only the cases whose spec contains `a` or `b`; `ATTNFORGE_SEED` fixes the
 //! inputs; `ATTNFORGE_BWD_BENCH=1` adds a timing table (informational).
 
 mod common;
@@ -806,16 +806,13 @@ fn gpu_backward_matches_f64_reference() {
     };
     let seed = common::seed();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let only = std::env::var("ATTNFORGE_GPU_CASES").ok();
 
     // The table names the sm80 instruction path; SASS does not run across
     // major versions, so an sm80 spec runs as its sm90a build on Hopper.
     let mut todo: Vec<(Case, AttnSpec)> = Vec::new();
     for c in cases() {
-        if let Some(f) = &only {
-            if !c.spec.contains(f.as_str()) {
-                continue;
-            }
+        if !common::selected(c.spec) {
+            continue;
         }
         let mut spec: AttnSpec = c.spec.parse().expect("case spec");
         if spec.arch == attnforge::Arch::Sm90a && cc != (9, 0) {

@@ -10,6 +10,7 @@
 //!
 //! Needs a CUDA GPU; without one it prints a skip line and passes. Run it on the
 //! H200 with `make gpu-test` (see docs/benchmarks/README.md).
+//! `ATTNFORGE_GPU_CASES=a,b` runs only the cases whose spec contains `a` or `b`.
 
 mod common;
 
@@ -612,17 +613,14 @@ fn gpu_forward_matches_f64_reference() {
     };
     let seed = common::seed();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let only = std::env::var("ATTNFORGE_GPU_CASES").ok();
     let mut table = String::new();
     let _ = writeln!(table, "seed {seed}, device compute capability {}.{}\n", cc.0, cc.1);
     let _ = writeln!(table, "| spec | template | batch x heads (q/kv) | lens (q,k) | memory | window | softcap | O rel err | bound | LSE max abs | result |");
     let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|");
     let mut failed = 0;
     for c in cases() {
-        if let Some(f) = &only {
-            if !c.spec.contains(f.as_str()) {
-                continue;
-            }
+        if !common::selected(c.spec) {
+            continue;
         }
         // The table names the sm80 instruction path; SASS does not run across
         // major versions, so an sm80 spec runs as its sm90a build on Hopper.

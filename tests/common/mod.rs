@@ -99,6 +99,16 @@ pub fn gpu_or_skip(suite: &str) -> Option<((i32, i32), attnforge::Arch)> {
     Some((cc, arch))
 }
 
+/// Whether a case runs: `ATTNFORGE_GPU_CASES` unset, or one of its
+/// comma-separated parts is a substring of the case's spec (`thd,causal`:
+/// every ragged case and every causal one).
+pub fn selected(spec: &str) -> bool {
+    match std::env::var("ATTNFORGE_GPU_CASES") {
+        Ok(only) => only.split(',').any(|part| spec.contains(part)),
+        Err(_) => true,
+    }
+}
+
 /// The seed of this run: `ATTNFORGE_SEED`, else the clock.
 pub fn seed() -> u64 {
     std::env::var("ATTNFORGE_SEED")
