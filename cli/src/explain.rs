@@ -19,10 +19,10 @@ pub struct ExplainArgs {
     /// Head dim of Q and K (and V unless --head-dim-v).
     #[arg(long, default_value_t = 128)]
     pub head_dim: u32,
-    /// Head dim of V and O when it differs from Q/K's (e.g. 128 with --head-dim 192)
+    /// Head dim of V and O when it differs from Q/K's (e.g. 128 with --head-dim 192).
     #[arg(long)]
     pub head_dim_v: Option<u32>,
-    /// Batch size (THD: the number of sequences)
+    /// Batch size (THD: the number of sequences).
     #[arg(long, default_value_t = 1)]
     pub batch: u32,
     /// Query heads.
@@ -44,10 +44,10 @@ pub struct ExplainArgs {
     /// Sliding window `LEFT,RIGHT` around the bottom-right diagonal (-1 = unbounded).
     #[arg(long, value_name = "L,R", allow_hyphen_values = true)]
     pub window: Option<String>,
-    /// Logit softcap: scores become X·tanh(s/X) before the softmax
+    /// Logit softcap: scores become X·tanh(s/X) before the softmax.
     #[arg(long, value_name = "X")]
     pub softcap: Option<f32>,
-    /// Dropout probability on the attention weights (no generated kernel does dropout)
+    /// Dropout probability on the attention weights (no generated kernel does dropout).
     #[arg(long, value_name = "P")]
     pub dropout: Option<f32>,
     /// An arbitrary attn_mask / additive bias is given.
