@@ -678,6 +678,7 @@ impl LoadedKernel {
         // SAFETY: the module is loaded in this context for the life of `self`.
         let func = unsafe {
             let f = result::module::get_function(self.module, cname).map_err(driver_err("cuModuleGetFunction"))?;
+            check_params(f, &self.spec, self.plan.template, name)?;
             result::function::set_function_attribute(
                 f,
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -750,6 +751,10 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
                 return Err(driver_err("cuModuleGetFunction")(e));
             }
         };
+        if let Err(e) = check_params(func, &kernel.spec, kernel.plan.template, &kernel.plan.entry) {
+            let _ = result::module::unload(module);
+            return Err(e);
+        }
         if let Err(e) = result::function::set_function_attribute(
             func,
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -761,7 +766,11 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
         // Kernels with a walk entry: that function (given the same shared
         // memory attribute) and its blocks that the device holds at once.
         let (walk, resident) = if kernel.plan.grid == GridRule::TilesOrWalk {
-            match walk_entry(module, &kernel.plan) {
+            match walk_entry(module, &kernel.plan).and_then(|w| {
+                let name = format!("{}_walk", kernel.plan.entry);
+                w.0.map_or(Ok(()), |f| check_params(f, &kernel.spec, kernel.plan.template, &name))
+                    .map(|()| w)
+            }) {
                 Ok(w) => w,
                 Err(e) => {
                     let _ = result::module::unload(module);
@@ -789,6 +798,57 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
         m.insert(id, loaded.clone());
     }
     Ok(loaded)
+}
+
+/// The parameters, in bytes, that this library passes to a kernel of
+/// `template`: the parameter block ([`FwdParams`] or
+/// [`crate::launch_bwd::BwdParams`]), then the sm90a forward's three tensor
+/// maps. Every entry of a module takes the same.
+pub fn expected_params(template: Template) -> &'static [usize] {
+    const FWD: [usize; 1] = [std::mem::size_of::<FwdParams>()];
+    const FWD90: [usize; 4] = [std::mem::size_of::<FwdParams>(), 128, 128, 128];
+    const BWD: [usize; 1] = [std::mem::size_of::<crate::launch_bwd::BwdParams>()];
+    match template {
+        Template::FwdSm80 => &FWD,
+        Template::FwdSm90a => &FWD90,
+        Template::BwdSm80 | Template::BwdSm90a => &BWD,
+    }
+}
+
+/// Refuse an entry whose parameters are not the ones [`expected_params`]
+/// says this library passes: a cubin built from other templates (another
+/// revision's parameter block) would read its parameters past the end of
+/// ours. Skipped where the driver cannot tell (before CUDA 12.4).
+///
+/// # Safety
+/// `func` must be a function of a module loaded in the current context.
+unsafe fn check_params(
+    func: sys::CUfunction,
+    spec: &AttnSpec,
+    template: Template,
+    name: &str,
+) -> Result<(), LaunchError> {
+    let mut version = 0;
+    if sys::cuDriverGetVersion(&mut version) != sys::CUresult::CUDA_SUCCESS || version < 12040 {
+        return Ok(());
+    }
+    let size = |i: usize| {
+        let (mut offset, mut size) = (0usize, 0usize);
+        (sys::cuFuncGetParamInfo(func, i, &mut offset, &mut size) == sys::CUresult::CUDA_SUCCESS).then_some(size)
+    };
+    let want = expected_params(template);
+    // One past the expected count must fail: no parameter there.
+    let got: Vec<usize> = (0..=want.len()).map_while(size).collect();
+    if got == want {
+        return Ok(());
+    }
+    Err(LaunchError::SpecMismatch {
+        spec: spec.to_string(),
+        reason: format!(
+            "entry `{name}` takes parameters of {got:?} bytes where this library passes {want:?}: \
+             the cubin was built from other templates"
+        ),
+    })
 }
 
 /// The walk entry (`{entry}_walk`) of a loaded module, its dynamic shared
@@ -1191,6 +1251,53 @@ mod tests {
             check_fwd(&thd, &t),
             Err(LaunchError::InvalidArgument { arg: "total_k", .. })
         ));
+    }
+
+    #[test]
+    fn every_entry_takes_the_parameters_the_launcher_passes() {
+        // What load() checks against the cubin on a GPU, checked here against
+        // the rendered source: each `__global__` entry's parameter types.
+        let size = |ty: &str| match ty {
+            "FwdParams" => std::mem::size_of::<FwdParams>(),
+            "BwdParams" => std::mem::size_of::<crate::launch_bwd::BwdParams>(),
+            "TmaMap" => 128,
+            other => panic!("unknown parameter type {other}"),
+        };
+        for s in [
+            "fwd.bf16.d128.causal-br.thd.sm80",
+            "fwd.bf16.d128.none.dense.sm90a",
+            "bwd.f16.d64.window.dense.det.sm80",
+            "bwd.bf16.d128.causal-tl.dense.sm90a",
+        ] {
+            let plan = crate::plan::plan(&s.parse().unwrap()).unwrap();
+            let src = crate::render::render(&plan).unwrap().source;
+            let mut entries = 0;
+            for sig in src.split("__global__").skip(1) {
+                // Past `void __launch_bounds__(...)` to the entry's own list.
+                let sig = match sig.find("__launch_bounds__") {
+                    Some(i) => &sig[i + sig[i..].find(')').unwrap() + 1..],
+                    None => sig,
+                };
+                let params = &sig[sig.find('(').unwrap() + 1..sig.find(')').unwrap()];
+                let got: Vec<usize> = params
+                    .split(',')
+                    .map(|p| {
+                        let words: Vec<&str> = p.split_whitespace().collect();
+                        size(words[words.len() - 2])
+                    })
+                    .collect();
+                assert_eq!(got, expected_params(plan.template), "{s}: {params}");
+                entries += 1;
+            }
+            // The forward's one entry (sm90a: and the walk), the backward's
+            // preprocess, main and convert or dQ kernels.
+            let least = match plan.template {
+                Template::FwdSm80 => 1,
+                Template::FwdSm90a => 2,
+                Template::BwdSm80 | Template::BwdSm90a => 3,
+            };
+            assert!(entries >= least, "{s}: {entries} entries");
+        }
     }
 
     #[test]
