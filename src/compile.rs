@@ -1411,6 +1411,69 @@ pub fn parse_ptxas_log(log: &str) -> Vec<KernelResources> {
     out
 }
 
+/// The parameters each entry of a CUBIN takes: (entry name, the size in bytes
+/// of each parameter in order), read from the ELF's `.nv.info.<entry>`
+/// sections (their `EIATTR_KPARAM_INFO` records, which the driver answers
+/// `cuFuncGetParamInfo` from). `None` where the image is not a 64-bit
+/// little-endian ELF or a section does not parse; entries in section order.
+pub fn cubin_params(cubin: &[u8]) -> Option<Vec<(String, Vec<usize>)>> {
+    const EIFMT_SVAL: u8 = 4;
+    const EIATTR_KPARAM_INFO: u8 = 0x17;
+    let u16_at = |b: &[u8], at: usize| Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?));
+    let u32_at = |b: &[u8], at: usize| Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?));
+    let u64_at = |b: &[u8], at: usize| Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?));
+    if cubin.get(..6)? != b"\x7fELF\x02\x01" {
+        return None;
+    }
+    let shoff = usize::try_from(u64_at(cubin, 0x28)?).ok()?;
+    let (shentsize, shnum, shstrndx) = (
+        usize::from(u16_at(cubin, 0x3a)?),
+        usize::from(u16_at(cubin, 0x3c)?),
+        usize::from(u16_at(cubin, 0x3e)?),
+    );
+    // (name offset, file offset, size) of section i.
+    let section = |i: usize| -> Option<(usize, usize, usize)> {
+        let h = shoff.checked_add(i.checked_mul(shentsize)?)?;
+        Some((
+            u32_at(cubin, h)? as usize,
+            usize::try_from(u64_at(cubin, h + 24)?).ok()?,
+            usize::try_from(u64_at(cubin, h + 32)?).ok()?,
+        ))
+    };
+    let (_, names_at, names_len) = section(shstrndx)?;
+    let names = cubin.get(names_at..names_at.checked_add(names_len)?)?;
+    let mut out = Vec::new();
+    for i in 0..shnum {
+        let (name_at, at, len) = section(i)?;
+        let name = names.get(name_at..)?;
+        let name = std::str::from_utf8(&name[..name.iter().position(|&c| c == 0)?]).ok()?;
+        let Some(entry) = name.strip_prefix(".nv.info.") else {
+            continue;
+        };
+        let b = cubin.get(at..at.checked_add(len)?)?;
+        let mut params: Vec<(u16, usize)> = Vec::new();
+        let mut k = 0;
+        while k < b.len() {
+            let (format, attribute) = (*b.get(k)?, *b.get(k + 1)?);
+            if format != EIFMT_SVAL {
+                k += 4; // EIFMT_NVAL / BVAL / HVAL: the value fits in the record's last 2 bytes
+                continue;
+            }
+            let value_len = usize::from(u16_at(b, k + 2)?);
+            if attribute == EIATTR_KPARAM_INFO {
+                // index (u32), ordinal (u16), offset (u16), then the size in bits 18..32.
+                let ordinal = u16_at(b, k + 8)?;
+                let size = (u32_at(b, k + 12)? >> 18) as usize;
+                params.push((ordinal, size));
+            }
+            k += 4 + value_len;
+        }
+        params.sort_unstable();
+        out.push((entry.to_string(), params.into_iter().map(|(_, size)| size).collect()));
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1949,6 +2012,31 @@ extern "C" __global__ void mma_probe(const unsigned* __restrict__ a,
                 "compile mma_probe.cu {arch} cubin: {:?}, {} bytes, {k:?}",
                 out.elapsed,
                 out.binary.len()
+            );
+        }
+    }
+
+    #[test]
+    fn cubin_params_reads_each_entrys_parameter_sizes() {
+        assert_eq!(cubin_params(b"not an elf"), None);
+        assert_eq!(cubin_params(&[0x7f, b'E', b'L', b'F', 2, 1, 0, 0]), None, "truncated");
+        let Some(nv) = nvrtc() else { return };
+        let src = r#"
+struct Block { long long a[5]; int n; };
+struct __align__(64) Map { unsigned long long w[16]; };
+extern "C" __global__ void two(const Block b, const __grid_constant__ Map m, float* out) {
+    if (threadIdx.x == 0) out[0] = b.a[0] + b.n + m.w[3];
+}
+extern "C" __global__ void one(int* out) { out[0] = 1; }
+"#;
+        for arch in ["sm_80", "sm_90a"] {
+            let out = nv.compile(&CompileRequest::new(src, "params_probe.cu", arch)).unwrap();
+            let mut got = cubin_params(&out.binary).expect("parses");
+            got.sort();
+            assert_eq!(
+                got,
+                vec![("one".to_string(), vec![8]), ("two".to_string(), vec![48, 128, 8])],
+                "{arch}"
             );
         }
     }

@@ -48,8 +48,21 @@ fn every_matrix_spec_compiles_without_spills() {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(spec) = specs.get(i) else { break };
-                let r = jit.build(spec).map(|r| {
+                let r = jit.build(spec).map_err(|e| e.to_string()).and_then(|r| {
                     assert_eq!(r.origin, Origin::Compiled, "{spec}: a fresh cache must compile");
+                    // Every entry takes the parameters the launcher passes
+                    // (what launch::load asks the driver on a GPU).
+                    let want = attnforge::launch::expected_params(r.kernel.plan.template);
+                    let entries = attnforge::compile::cubin_params(&r.kernel.cubin)
+                        .ok_or_else(|| "the cubin's ELF does not parse".to_string())?;
+                    if entries.is_empty() {
+                        return Err("the cubin declares no entry".to_string());
+                    }
+                    if let Some((name, got)) = entries.iter().find(|(_, got)| got.as_slice() != want) {
+                        return Err(format!(
+                            "entry {name} takes parameters of {got:?} bytes, the launcher passes {want:?}"
+                        ));
+                    }
                     let m = &r.kernel.meta;
                     // A CUBIN may hold several entry points (the backward's
                     // `_pre`, `_dq`, ...): check the worst of them, not only
@@ -63,18 +76,16 @@ fn every_matrix_spec_compiles_without_spills() {
                         .max(m.spill_stores + m.spill_loads);
                     let stack = all.iter().map(|k| k.stack_frame).max().unwrap_or(0).max(m.stack_frame);
                     let smem_static = all.iter().map(|k| k.smem_static).max().unwrap_or(0).max(m.smem_static);
-                    (
+                    Ok((
                         regs,
                         spill,
                         stack,
                         m.smem_dynamic + smem_static,
                         r.kernel.plan.threads(),
                         m.compile_ms,
-                    )
+                    ))
                 });
-                rows.lock()
-                    .unwrap()
-                    .push((spec.to_string(), r.map_err(|e| e.to_string())));
+                rows.lock().unwrap().push((spec.to_string(), r));
             });
         }
     });
@@ -88,7 +99,8 @@ fn every_matrix_spec_compiles_without_spills() {
     let _ = writeln!(
         md,
         "Written by `make sweep` / `make test` (codegen_tests/tests/sweep.rs): NVRTC {} into a fresh cache, \
-         {} specs. Checks: compiles, no spills, stack <= {MAX_STACK} B, registers <= 255, shared memory within the arch limit.\n",
+         {} specs. Checks: compiles, no spills, stack <= {MAX_STACK} B, registers <= 255, shared memory within the arch limit, \
+         every entry's parameters as the launcher passes them.\n",
         nvrtc.version_string(),
         rows.len()
     );
