@@ -176,6 +176,9 @@ pub struct FwdParams {
     pub softcap_pre: f32,
     pub softcap_post: f32,
     pub num_m_blocks: i32,
+    /// The one-tile entry's causal block order in phases
+    /// (`templates/common/order.cuh`; 1 = head-major, the checked default).
+    pub tile_phases: i32,
 }
 
 /// Grid and block of a checked launch.
@@ -323,6 +326,7 @@ pub fn check_fwd(plan: &KernelPlan, a: &FwdArgs) -> Result<Option<(FwdParams, La
         softcap_pre,
         softcap_post,
         num_m_blocks: num_m_blocks as i32,
+        tile_phases: 1,
     };
     let mut params = params;
     if spec.layout == Layout::Thd {
@@ -578,6 +582,12 @@ pub struct LoadedKernel {
     /// Whether one-tile launches of a `cluster_m` 2 plan go as clusters of
     /// two where they can ([`cluster_grid`]); on unless a test turns it off.
     clusters: AtomicBool,
+    /// Phases of causal one-tile grids: 0 = the launcher's rule
+    /// ([`crate::plan::causal_tile_phases`]), else forced (tests, tuning).
+    tile_phases: AtomicU32,
+    /// Blocks of the main entry that the device runs at once (SMs × the
+    /// driver's occupancy), asked on first use.
+    slots: OnceLock<u32>,
 }
 
 impl LoadedKernel {
@@ -657,6 +667,47 @@ impl LoadedKernel {
             b => b.min(MAX_PERSISTENT_GRID),
         };
         self.persistent_grid.store(cap, Ordering::Relaxed);
+    }
+
+    /// Force the phases of causal one-tile launches (`templates/common/order.cuh`;
+    /// at most [`crate::plan::MAX_TILE_PHASES`]), or 0 for the launcher's rule
+    /// ([`crate::plan::causal_tile_phases`]). Like [`Self::set_persistent_grid`],
+    /// it holds for every user of this loaded kernel: for tests and tuning runs.
+    /// Kernels without a phased order (no causal mask, ragged, softcap in the
+    /// backward, the sm80-path forward) ignore it.
+    pub fn set_tile_phases(&self, phases: u32) {
+        self.tile_phases
+            .store(phases.min(crate::plan::MAX_TILE_PHASES), Ordering::Relaxed);
+    }
+
+    /// The phases a launch whose heads have `tiles` work tiles each takes:
+    /// the forced value of [`Self::set_tile_phases`], else the rule over
+    /// [`Self::slots`].
+    pub fn phases_for(&self, tiles: u32) -> u32 {
+        match self.tile_phases.load(Ordering::Relaxed) {
+            0 => crate::plan::causal_tile_phases(tiles, self.slots()),
+            n => n,
+        }
+    }
+
+    /// Blocks of the main entry (the forward's one-tile entry, the backward's
+    /// per-key-tile kernel) that the device runs at once: SMs × the driver's
+    /// occupancy for the plan's threads and shared memory (at least 1; asked
+    /// once).
+    pub fn slots(&self) -> u32 {
+        *self.slots.get_or_init(|| {
+            // The backward's main kernel is the plan's entry, as the forward's is.
+            let (threads, smem) = match &self.plan.bwd {
+                Some(bp) => (bp.num_warps * 32, bp.main_smem),
+                None => (self.plan.threads(), self.plan.smem_bytes),
+            };
+            // SAFETY: `func` is a function of this loaded module.
+            let per_sm = unsafe {
+                result::occupancy::max_active_block_per_multiprocessor(self.func, threads as i32, smem as usize).ok()
+            };
+            let sms = device_sm_count().unwrap_or(1);
+            sms.saturating_mul(per_sm.unwrap_or(1).max(1) as u32).max(1)
+        })
     }
 
     /// The entry point `name` of this module: the plan's `entry` is the one
@@ -791,6 +842,8 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
             resident: resident.clamp(1, MAX_PERSISTENT_GRID),
             persistent_grid: AtomicU32::new(0),
             clusters: AtomicBool::new(true),
+            tile_phases: AtomicU32::new(0),
+            slots: OnceLock::new(),
         }
     };
     let loaded = Arc::new(loaded);
@@ -933,6 +986,8 @@ pub unsafe fn launch_fwd(k: &LoadedKernel, args: &FwdArgs, stream: sys::CUstream
         return Ok(());
     };
     let (func, grid, cluster) = k.entry(&args.problem, dims.grid);
+    // The one-tile grid's causal order (read by the kernels that have one).
+    params.tile_phases = k.phases_for(dims.grid.1) as i32;
     dims.grid = grid;
     // The sm90a forward takes its Q/K/V tensor maps after the parameter block.
     let (mut maps, n) = if k.plan.template == Template::FwdSm90a {
@@ -1262,6 +1317,16 @@ mod tests {
     }
 
     #[test]
+    fn fwd_params_block_has_the_cuda_layout() {
+        // 7 pointers + 14 i64, then 8 i32, 3 f32, num_m_blocks, tile_phases;
+        // 8-byte alignment pads the end (as nvcc's struct does).
+        assert_eq!(std::mem::offset_of!(FwdParams, batch), 7 * 8 + 14 * 8);
+        assert_eq!(std::mem::offset_of!(FwdParams, num_m_blocks), 7 * 8 + 14 * 8 + 11 * 4);
+        assert_eq!(std::mem::offset_of!(FwdParams, tile_phases), 7 * 8 + 14 * 8 + 12 * 4);
+        assert_eq!(std::mem::size_of::<FwdParams>(), 224);
+    }
+
+    #[test]
     fn every_entry_takes_the_parameters_the_launcher_passes() {
         // What load() checks against the cubin on a GPU, checked here against
         // the rendered source: each `__global__` entry's parameter types.
@@ -1306,13 +1371,6 @@ mod tests {
             };
             assert!(entries >= least, "{s}: {entries} entries");
         }
-    }
-
-    #[test]
-    fn params_block_has_the_cuda_layout() {
-        // 7 pointers + 14 i64 + 8 i32 + 3 f32 + 1 i32, no padding.
-        assert_eq!(std::mem::size_of::<FwdParams>(), 7 * 8 + 14 * 8 + 12 * 4);
-        assert_eq!(std::mem::offset_of!(FwdParams, batch), 7 * 8 + 14 * 8);
     }
 
     #[test]

@@ -112,7 +112,9 @@ pub struct BwdParams {
     pub scale_log2: f32,
     pub softcap_pre: f32,
     pub softcap_post: f32,
-    pub pad_: i32,
+    /// The causal block order in phases (`templates/common/order.cuh`; 1 =
+    /// head-major), set by [`launch_bwd`] from the main kernel's grid.
+    pub tile_phases: i32,
 }
 
 /// One kernel launch of the backward sequence.
@@ -353,7 +355,7 @@ pub fn check_bwd(
         scale_log2: scale * std::f32::consts::LOG2_E,
         softcap_pre,
         softcap_post,
-        pad_: 0,
+        tile_phases: 1,
     };
     Ok(Some(BwdLaunch { params, steps }))
 }
@@ -377,6 +379,12 @@ pub unsafe fn launch_bwd(
     let Some(BwdLaunch { mut params, steps }) = check_bwd(&k.plan, args, workspace, workspace_bytes)? else {
         return Ok(());
     };
+    // The main kernel's grid (bh_kv, kv tiles) sets the causal order's
+    // phases; the deterministic dQ kernel takes the same count.
+    let main = BwdEntries::of(&k.plan).main;
+    if let Some(step) = steps.iter().find(|s| s.entry == main) {
+        params.tile_phases = k.phases_for(step.dims.grid.1) as i32;
+    }
     for step in &steps {
         let func = k.function(&step.entry)?;
         let mut kp: [*mut c_void; 1] = [&mut params as *mut BwdParams as *mut c_void];
@@ -426,7 +434,7 @@ mod tests {
 
     #[test]
     fn params_block_has_the_cuda_layout() {
-        // 13 pointers + 26 i64, then 10 i32 + 4 f32 (incl. the pad), no implicit padding.
+        // 13 pointers + 26 i64, then 10 i32 (the last tile_phases) + 4 f32, no implicit padding.
         assert_eq!(std::mem::size_of::<BwdParams>(), 13 * 8 + 26 * 8 + 14 * 4);
         assert_eq!(std::mem::offset_of!(BwdParams, q_sb), 13 * 8);
         assert_eq!(std::mem::offset_of!(BwdParams, lse_sb), 13 * 8 + 24 * 8);

@@ -396,6 +396,51 @@ pub fn sm90a_walk_pays(seqlen_k: u32, d: u32, masked: bool) -> bool {
     seqlen_k <= SM90A_WALK_MAX_KEYS || (d <= 64 && masked && seqlen_k <= 2 * SM90A_WALK_MAX_KEYS)
 }
 
+/// Phases of a causal one-tile grid (`common/order.cuh`): a head's `tiles`
+/// work tiles (the forward's query blocks, the backward's key blocks) over a
+/// device that runs `slots` blocks at once. Head-major order starts the last
+/// heads' long tiles at the end of the grid, where they run alone; in P
+/// phases every head's longest P-th of tiles goes first. That pays where one
+/// head's tiles are well under a round of the device (measured on the H200,
+/// `gpu_bench --phases`, 2026-12-05: P = 4 against P = 1, forward d128
+/// causal 2k +1.9%, 8k +3.8%, d256 2k +7.4%, 8k +8.2%, d64 8k +3.0%, 16k
+/// +1.6%; backward +0.7..+5.0% at 2k and 8k) and costs 1.5..3% where a head
+/// is about a round already (d128 and d256 at 16k), which runs longest first
+/// by itself. So: one phase where 4 · tiles ≥ 3 · slots, else a quarter of the
+/// tiles, between 1 and 4.
+pub fn causal_tile_phases(tiles: u32, slots: u32) -> u32 {
+    if 4 * u64::from(tiles) >= 3 * u64::from(slots) {
+        1
+    } else {
+        (tiles / 4).clamp(1, 4)
+    }
+}
+
+/// Most phases a launch takes ([`causal_tile_phases`] or a forced value).
+pub const MAX_TILE_PHASES: u32 = 8;
+
+/// The (pair, tile) of block `lin` of a one-tile grid of `pairs` × `tiles`
+/// blocks in `phases` phases: the host mirror of `phase_tile` in
+/// `templates/common/order.cuh` (phase k holds tiles [k·tiles/P,
+/// (k+1)·tiles/P) of every pair, pair-major inside the phase).
+pub fn phase_tile(lin: u64, pairs: u64, tiles: u32, phases: u32) -> (u64, u32) {
+    let t = u64::from(tiles);
+    if phases <= 1 {
+        return (lin / t, (lin % t) as u32);
+    }
+    let (mut lin, mut lo) = (lin, 0u64);
+    for k in 1..u64::from(phases) {
+        let hi = k * t / u64::from(phases);
+        let blocks = pairs * (hi - lo);
+        if lin < blocks {
+            return (lin / (hi - lo), (lo + lin % (hi - lo)) as u32);
+        }
+        lin -= blocks;
+        lo = hi;
+    }
+    (lin / (t - lo), (lo + lin % (t - lo)) as u32)
+}
+
 /// Longest keys for which the sm90a forward walks its tiles at any head dim
 /// (twice as long at d <= 64 under a mask); see [`sm90a_walk_pays`].
 pub const SM90A_WALK_MAX_KEYS: u32 = 1024;
@@ -665,6 +710,54 @@ impl fmt::Display for KernelPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn phase_tile_is_a_bijection_that_runs_long_tiles_first() {
+        for pairs in [1u64, 2, 3, 7, 32] {
+            for tiles in [1u32, 2, 3, 5, 16, 43, 64] {
+                for phases in 1..=MAX_TILE_PHASES {
+                    let n = pairs * u64::from(tiles);
+                    let mut seen = vec![false; n as usize];
+                    let mut last_phase = 0;
+                    for lin in 0..n {
+                        let (bh, tile) = phase_tile(lin, pairs, tiles, phases);
+                        assert!(bh < pairs && tile < tiles, "{pairs} {tiles} {phases} {lin}");
+                        let idx = (bh * u64::from(tiles) + u64::from(tile)) as usize;
+                        assert!(!seen[idx], "tile twice: {pairs} {tiles} {phases} {lin}");
+                        seen[idx] = true;
+                        // The phase of a tile never decreases along the grid.
+                        let phase = (0..phases)
+                            .find(|&k| u64::from(tile) < u64::from(k + 1) * u64::from(tiles) / u64::from(phases))
+                            .unwrap_or(phases);
+                        assert!(phase >= last_phase, "{pairs} {tiles} {phases} {lin}");
+                        last_phase = phase;
+                    }
+                    assert!(seen.iter().all(|&s| s));
+                }
+            }
+        }
+        // One phase is the plain head-major order.
+        assert_eq!(phase_tile(17, 4, 8, 1), (2, 1));
+        // Two phases over 2 pairs x 4 tiles: 0 1 | 0 1 | 2 3 | 2 3.
+        let order: Vec<_> = (0..8).map(|l| phase_tile(l, 2, 4, 2)).collect();
+        assert_eq!(order, [(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3), (1, 2), (1, 3)]);
+    }
+
+    #[test]
+    fn causal_tile_phases_follow_the_measured_cells() {
+        // H200: 132 SMs, one forward block each; tiles = query blocks per head.
+        let slots = 132;
+        assert_eq!(causal_tile_phases(16, slots), 4); // d128 2k (block_m 128): +1.9..3%
+        assert_eq!(causal_tile_phases(64, slots), 4); // d128 8k: +3.8%
+        assert_eq!(causal_tile_phases(128, slots), 1); // d128/d256 16k: P = 4 lost 1.5..3%
+        assert_eq!(causal_tile_phases(86, slots), 4); // d64 16k (block_m 192): +1.6%
+                                                      // Backward at two blocks per SM (the sm80 path's d64 shape): 16k gains.
+        assert_eq!(causal_tile_phases(128, 264), 4);
+        // Few tiles: no more phases than a quarter of them.
+        assert_eq!(causal_tile_phases(3, slots), 1);
+        assert_eq!(causal_tile_phases(9, slots), 2);
+        assert_eq!(causal_tile_phases(0, 0), 1);
+    }
     use crate::spec::{DType, Layout, Mask};
 
     fn all_fwd_specs() -> Vec<AttnSpec> {

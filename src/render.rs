@@ -30,6 +30,7 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ("common/hopper.cuh", include_str!("../templates/common/hopper.cuh")),
     ("common/ptx.cuh", include_str!("../templates/common/ptx.cuh")),
     ("common/mask.cuh", include_str!("../templates/common/mask.cuh")),
+    ("common/order.cuh", include_str!("../templates/common/order.cuh")),
     ("common/tile.cuh", include_str!("../templates/common/tile.cuh")),
     ("common/trace.cuh", include_str!("../templates/common/trace.cuh")),
     (

@@ -278,7 +278,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     if (tid == 0) trace_block_start();
     Tracer tr = lane == 0 ? tracer_for(warp) : Tracer{};
 #endif
-    const BlockTile bt = block_tile();
+    const BlockTile bt = block_tile(p);
     const int b = bt.bh / p.heads_kv, hk = bt.bh % p.heads_kv;
     const int n0 = bt.tile * BLOCK_N;                 // kv tiles with the most query rows first
     const SeqInfo si = seq_info(p, b);
@@ -578,7 +578,7 @@ extern "C" __global__ void __launch_bounds__(DQB_THREADS, 1)
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
-    const BlockTile bt = block_tile();
+    const BlockTile bt = block_tile(p);
     const int b = bt.bh / p.heads_q, h = bt.bh % p.heads_q;
     const int hk = h / p.gqa_ratio;
     const int m0 = (gridDim.y - 1 - bt.tile) * DQB_M;     // longest causal tiles first

@@ -156,7 +156,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int tid = threadIdx.x, lane = tid % 32;
     const int wg = tid / 128, wl = (tid / 32) % 4;       // warpgroup; warp within it
     const int g = lane / 4, t = lane % 4;
-    const BlockTile bt = block_tile();
+    const BlockTile bt = block_tile(p);
     const int b = bt.bh / p.heads_kv, hk = bt.bh % p.heads_kv;
     const int n0 = bt.tile * BLOCK_N;
     const SeqInfo si = seq_info(p, b);

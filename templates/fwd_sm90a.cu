@@ -34,6 +34,8 @@ constexpr bool SOFTCAP = {{ softcap }};
 constexpr bool LAZY_MAX = {{ softmax_under_pv }};
 // Clusters of two on the one-tile entry (plan's cluster_m; see `pair` below).
 constexpr int CLUSTER_M = {{ cluster_m }};
+// The one-tile entry's blocks in phases by tile length (common/order.cuh).
+constexpr bool PHASED = (MASK_KIND == 1 || MASK_KIND == 2) && !IS_THD;
 
 // The work-tile loop of both entries (WALK, a template parameter of the
 // kernel body): the walk takes rounds of gridDim.x tiles (in round r block i
@@ -54,6 +56,7 @@ constexpr int CLUSTER_M = {{ cluster_m }};
 {% include "common/mask.cuh" %}
 {% include "common/softmax.cuh" %}
 {% include "common/fwd_params.cuh" %}
+{% include "common/order.cuh" %}
 
 // Tracing (gpu_bench --trace90): the producer and lane 0 of each consumer
 // warpgroup's first warp stamp their events.
@@ -124,9 +127,17 @@ __device__ __forceinline__ Tile tile_at(const FwdParams& p, int t) {
         qb = j / n;
     } else {
         // Head-major: the query blocks of one (batch, head) are consecutive (the
-        // last first), so the blocks in flight share that head's K and V in L2.
-        bh = t / m;
-        qb = t % m;
+        // last first), so the blocks in flight share that head's K and V in L2;
+        // under a causal mask on dense tensors in p.tile_phases phases by
+        // length (common/order.cuh).
+        if constexpr (PHASED) {
+            const PhaseTile pt = phase_tile(t, m, p.tile_phases);
+            bh = pt.bh;
+            qb = pt.tile;
+        } else {
+            bh = t / m;
+            qb = t % m;
+        }
     }
 {% else %}
     bh = t % bh_count;

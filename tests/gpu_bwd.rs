@@ -155,11 +155,13 @@ impl Err2 {
 }
 
 /// Run one case; `kernel` overrides the planner's backward kernel (the sm80
-/// path where the planner takes the wgmma backward).
+/// path where the planner takes the wgmma backward); `phases` forces the
+/// causal block order's phases (`LoadedKernel::set_tile_phases`; 0 = the rule).
 fn run_case(
     c: &Case,
     spec: AttnSpec,
     kernel: Option<&attnforge::CompiledKernel>,
+    phases: u32,
     rng: &mut rand::rngs::StdRng,
 ) -> Outcome {
     let dt = spec.dtype;
@@ -310,6 +312,7 @@ fn run_case(
         problem: problem.clone(),
     };
     let bloaded = launch::load(&bk).expect("load bwd");
+    bloaded.set_tile_phases(phases);
     let run_bwd = || -> (Vec<u16>, Vec<u16>, Vec<u16>) {
         for b in [&b_dq, &b_dk, &b_dv, &b_dsum, &b_ws] {
             b.poison();
@@ -326,6 +329,7 @@ fn run_case(
         let again = run_bwd();
         again.0 == g_dq && again.1 == g_dk && again.2 == g_dv
     });
+    bloaded.set_tile_phases(0);
 
     // The reference, per (sequence, kv head), in parallel.
     let scale = 1.0 / (dq as f64).sqrt();
@@ -864,9 +868,18 @@ fn gpu_backward_matches_f64_reference() {
     // instruction path and, at d <= 64, on the wgmma backward's 64-row query
     // tiles (the planner takes 128-row ones there), so that one H200 run
     // checks every form.
-    let mut runs: Vec<(&Case, AttnSpec, Option<attnforge::CompiledKernel>)> = Vec::new();
+    // Dense causal specs (but softcap, which has no phased order) also run
+    // with their blocks in three phases by length (common/order.cuh).
+    let mut runs: Vec<(&Case, AttnSpec, Option<attnforge::CompiledKernel>, u32)> = Vec::new();
     for (c, spec) in &todo {
-        runs.push((c, *spec, None));
+        runs.push((c, *spec, None, 0));
+        let causal = matches!(
+            spec.mask,
+            attnforge::Mask::CausalTopLeft | attnforge::Mask::CausalBottomRight
+        );
+        if causal && spec.layout == Layout::Dense && !spec.softcap {
+            runs.push((c, *spec, None, 3));
+        }
         use attnforge::plan::plan_bwd::{plan_bwd_sm80, plan_bwd_sm90a, plan_bwd_sm90a_with, Sm90aBwdOptions};
         if plan_bwd_sm90a(spec).is_ok() {
             let sm80 = plan_bwd_sm80(spec).ok_or_else(|| "no sm80-path plan".to_string());
@@ -880,16 +893,16 @@ fn gpu_backward_matches_f64_reference() {
             }
             for plan in alternatives {
                 match plan.and_then(|plan| attnforge::jit::build_plan(plan).map_err(|e| e.to_string())) {
-                    Ok(k) => runs.push((c, *spec, Some(k))),
+                    Ok(k) => runs.push((c, *spec, Some(k), 0)),
                     Err(e) => eprintln!("gpu_bwd: build {spec} (an alternative form): {e}"),
                 }
             }
         }
     }
-    for (c, spec, kernel) in &runs {
+    for (c, spec, kernel, phases) in &runs {
         let (c, spec) = (*c, spec);
         let t0 = std::time::Instant::now();
-        let out = run_case(c, *spec, kernel.as_ref(), &mut rng);
+        let out = run_case(c, *spec, kernel.as_ref(), *phases, &mut rng);
         let template = match kernel {
             Some(k) if k.plan.template == attnforge::plan::Template::BwdSm90a && k.plan.block_m == 64 => {
                 "bwd_sm90a.cu 64-row query tiles"
@@ -897,7 +910,10 @@ fn gpu_backward_matches_f64_reference() {
             Some(k) => k.plan.template.file(),
             None => attnforge::plan(spec).map_or("?", |p| p.template.file()),
         };
-        let label = format!("{spec} [{template}]");
+        let label = match phases {
+            0 => format!("{spec} [{template}]"),
+            n => format!("{spec} [{template}, {n} phases]"),
+        };
         let bnd = bound(spec.dtype);
         let ok = out.rel.iter().all(|r| *r <= bnd) && out.problems.is_empty();
         if !ok {

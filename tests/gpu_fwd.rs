@@ -146,6 +146,9 @@ enum Entry {
     Cap(u32),
     /// The one-tile entry with every block alone (no clusters of two).
     Alone,
+    /// The one-tile entry with its causal blocks in this many phases
+    /// (`LoadedKernel::set_tile_phases`; the rule's count otherwise).
+    Phases(u32),
 }
 
 /// Run one case on `kernel`; `entry` chooses the entry of a kernel with a
@@ -335,6 +338,10 @@ fn run_case(
             loaded.set_persistent_grid(launch::ONE_TILE);
             loaded.set_clusters(false);
         }
+        Entry::Phases(n) => {
+            loaded.set_persistent_grid(launch::ONE_TILE);
+            loaded.set_tile_phases(n);
+        }
     }
     // Twice: with the LSE, then the same call without one (inference), which
     // must give O bitwise the same and leave the LSE buffer untouched.
@@ -348,6 +355,7 @@ fn run_case(
         if launched.is_err() {
             loaded.set_persistent_grid(0);
             loaded.set_clusters(true);
+            loaded.set_tile_phases(0);
         }
         launched.expect("launch");
         // SAFETY: synchronize the context after the launch; a kernel fault surfaces here.
@@ -362,6 +370,7 @@ fn run_case(
     run(&no_lse);
     loaded.set_persistent_grid(0);
     loaded.set_clusters(true);
+    loaded.set_tile_phases(0);
     drop(inputs);
     let mut problems = Vec::new();
     let o_again: Vec<u16> = o_buf.download(qkv_len[3]);
@@ -536,6 +545,19 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
             (*planned).clone(),
             Entry::Cap(launch::ONE_TILE),
         ));
+        // Causal dense blocks in three phases by length (common/order.cuh),
+        // whatever the rule would take for the case's query blocks.
+        if matches!(
+            spec.mask,
+            attnforge::Mask::CausalTopLeft | attnforge::Mask::CausalBottomRight
+        ) && spec.layout == attnforge::Layout::Dense
+        {
+            v.push((
+                "fwd_sm90a.cu one tile per block, 3 phases",
+                (*planned).clone(),
+                Entry::Phases(3),
+            ));
+        }
         // The other tile order (query-block-major; the default is head-major).
         let tiles = Sm90aFwdTiles {
             head_major: !base.head_major,

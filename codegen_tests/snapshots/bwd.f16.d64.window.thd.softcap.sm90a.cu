@@ -339,7 +339,7 @@ struct BwdParams {
     float scale_log2;                                      // scale * log2(e)
     float softcap_pre;                                     // scale / cap
     float softcap_post;                                    // cap * log2(e)
-    int pad_;
+    int tile_phases;                                       // causal block order (common/order.cuh)
 };
 
 // ---- element conversion and small PTX helpers --------------------------------
@@ -536,18 +536,56 @@ __device__ __forceinline__ SeqInfo seq_info(const BwdParams& p, int b) {
     return s;
 }
 
+// ---- common/order.cuh: causal one-tile grids in phases by tile length -------------
+// A one-tile grid numbers its blocks head-major: (batch, head) pair after pair,
+// each pair's `tiles` work tiles in order, tile 0 the longest under a causal
+// mask (the forward's last query block, the backward's first key block). The
+// hardware starts blocks in that linear order, so the last heads' long tiles
+// start at the end of the grid and run alone. In `phases` phases, phase k
+// holds tiles [k * tiles / phases, (k + 1) * tiles / phases) of every pair,
+// head-major inside the phase: every head's long tiles start before any short
+// one, while the blocks in flight still span few heads (their K and V stay in
+// L2). `phases` <= 1 keeps the plain order. Host mirror (tested for being a
+// bijection): attnforge::plan::phase_tile.
+
+struct PhaseTile {
+    int bh, tile;
+};
+
+__device__ __forceinline__ PhaseTile phase_tile(long long lin, int tiles, int phases) {
+    if (phases <= 1) return PhaseTile{(int)(lin / tiles), (int)(lin % tiles)};
+    // The grid holds pairs * tiles blocks; phase k - 1 holds pairs * span of them.
+    const long long pairs = (long long)gridDim.x * gridDim.y * gridDim.z / tiles;
+    int lo = 0;
+    for (int k = 1; k < phases; ++k) {
+        const int hi = k * tiles / phases;
+        const long long blocks = pairs * (hi - lo);
+        if (lin < blocks) return PhaseTile{(int)(lin / (hi - lo)), lo + (int)(lin % (hi - lo))};
+        lin -= blocks;
+        lo = hi;
+    }
+    return PhaseTile{(int)(lin / (tiles - lo)), lo + (int)(lin % (tiles - lo))};
+}
+
+
 // The block's work item of a (batch x heads, tiles) grid: `bh` indexes
 // (batch, head), `tile` its kv tile (main kernels) or query tile (the dQ
 // kernel). The hardware starts blocks in linear order, x fastest.
 struct BlockTile {
     int bh, tile;
 };
-__device__ __forceinline__ BlockTile block_tile() {
+__device__ __forceinline__ BlockTile block_tile(const BwdParams& p) {
     // Head-major: consecutive blocks take consecutive tiles of one (batch,
     // head), so the blocks in flight share its operands and dQ accumulator in
     // L2 instead of streaming every head's (ncu, sm80-path d128 b4 s4096: L2
-    // hit rate 67% and 1 TB/s from DRAM in the other order).
+    // hit rate 67% and 1 TB/s from DRAM in the other order). Under a causal
+    // mask on dense tensors in p.tile_phases phases by length
+    // (common/order.cuh; not with softcap, whose d128 sm80-path build spilled).
     const long long lin = (long long)blockIdx.y * gridDim.x + blockIdx.x;
+    if constexpr ((MASK_KIND == 1 || MASK_KIND == 2) && !IS_THD && !SOFTCAP) {
+        const PhaseTile pt = phase_tile(lin, (int)gridDim.y, p.tile_phases);
+        return BlockTile{pt.bh, pt.tile};
+    }
     return BlockTile{(int)(lin / gridDim.y), (int)(lin % gridDim.y)};
 }
 
@@ -752,7 +790,7 @@ attnforge_bwd_f16_d64_window_thd_softcap_sm90a(const BwdParams p) {
     const int tid = threadIdx.x, lane = tid % 32;
     const int wg = tid / 128, wl = (tid / 32) % 4;       // warpgroup; warp within it
     const int g = lane / 4, t = lane % 4;
-    const BlockTile bt = block_tile();
+    const BlockTile bt = block_tile(p);
     const int b = bt.bh / p.heads_kv, hk = bt.bh % p.heads_kv;
     const int n0 = bt.tile * BLOCK_N;
     const SeqInfo si = seq_info(p, b);

@@ -34,6 +34,8 @@ constexpr bool SOFTCAP = false;
 constexpr bool LAZY_MAX = true;
 // Clusters of two on the one-tile entry (plan's cluster_m; see `pair` below).
 constexpr int CLUSTER_M = 1;
+// The one-tile entry's blocks in phases by tile length (common/order.cuh).
+constexpr bool PHASED = (MASK_KIND == 1 || MASK_KIND == 2) && !IS_THD;
 
 // The work-tile loop of both entries (WALK, a template parameter of the
 // kernel body): the walk takes rounds of gridDim.x tiles (in round r block i
@@ -405,7 +407,39 @@ struct FwdParams {
     float softcap_pre;                                   // scale / cap
     float softcap_post;                                  // cap * log2(e)
     int num_m_blocks;
+    int tile_phases;                                     // causal one-tile order (common/order.cuh)
 };
+
+// ---- common/order.cuh: causal one-tile grids in phases by tile length -------------
+// A one-tile grid numbers its blocks head-major: (batch, head) pair after pair,
+// each pair's `tiles` work tiles in order, tile 0 the longest under a causal
+// mask (the forward's last query block, the backward's first key block). The
+// hardware starts blocks in that linear order, so the last heads' long tiles
+// start at the end of the grid and run alone. In `phases` phases, phase k
+// holds tiles [k * tiles / phases, (k + 1) * tiles / phases) of every pair,
+// head-major inside the phase: every head's long tiles start before any short
+// one, while the blocks in flight still span few heads (their K and V stay in
+// L2). `phases` <= 1 keeps the plain order. Host mirror (tested for being a
+// bijection): attnforge::plan::phase_tile.
+
+struct PhaseTile {
+    int bh, tile;
+};
+
+__device__ __forceinline__ PhaseTile phase_tile(long long lin, int tiles, int phases) {
+    if (phases <= 1) return PhaseTile{(int)(lin / tiles), (int)(lin % tiles)};
+    // The grid holds pairs * tiles blocks; phase k - 1 holds pairs * span of them.
+    const long long pairs = (long long)gridDim.x * gridDim.y * gridDim.z / tiles;
+    int lo = 0;
+    for (int k = 1; k < phases; ++k) {
+        const int hi = k * tiles / phases;
+        const long long blocks = pairs * (hi - lo);
+        if (lin < blocks) return PhaseTile{(int)(lin / (hi - lo)), lo + (int)(lin % (hi - lo))};
+        lin -= blocks;
+        lo = hi;
+    }
+    return PhaseTile{(int)(lin / (tiles - lo)), lo + (int)(lin % (tiles - lo))};
+}
 
 
 // Tracing (gpu_bench --trace90): the producer and lane 0 of each consumer
@@ -526,9 +560,17 @@ __device__ __forceinline__ Tile tile_at(const FwdParams& p, int t) {
         qb = j / n;
     } else {
         // Head-major: the query blocks of one (batch, head) are consecutive (the
-        // last first), so the blocks in flight share that head's K and V in L2.
-        bh = t / m;
-        qb = t % m;
+        // last first), so the blocks in flight share that head's K and V in L2;
+        // under a causal mask on dense tensors in p.tile_phases phases by
+        // length (common/order.cuh).
+        if constexpr (PHASED) {
+            const PhaseTile pt = phase_tile(t, m, p.tile_phases);
+            bh = pt.bh;
+            qb = pt.tile;
+        } else {
+            bh = t / m;
+            qb = t % m;
+        }
     }
 
     w.b = bh / p.heads_q;

@@ -31,7 +31,7 @@ struct BwdParams {
     float scale_log2;                                      // scale * log2(e)
     float softcap_pre;                                     // scale / cap
     float softcap_post;                                    // cap * log2(e)
-    int pad_;
+    int tile_phases;                                       // causal block order (common/order.cuh)
 };
 
 // ---- element conversion and small PTX helpers --------------------------------
@@ -232,19 +232,27 @@ __device__ __forceinline__ SeqInfo seq_info(const BwdParams& p, int b) {
     return s;
 }
 
+{% include "common/order.cuh" %}
+
 // The block's work item of a (batch x heads, tiles) grid: `bh` indexes
 // (batch, head), `tile` its kv tile (main kernels) or query tile (the dQ
 // kernel). The hardware starts blocks in linear order, x fastest.
 struct BlockTile {
     int bh, tile;
 };
-__device__ __forceinline__ BlockTile block_tile() {
+__device__ __forceinline__ BlockTile block_tile(const BwdParams& p) {
 {%- if head_major %}
     // Head-major: consecutive blocks take consecutive tiles of one (batch,
     // head), so the blocks in flight share its operands and dQ accumulator in
     // L2 instead of streaming every head's (ncu, sm80-path d128 b4 s4096: L2
-    // hit rate 67% and 1 TB/s from DRAM in the other order).
+    // hit rate 67% and 1 TB/s from DRAM in the other order). Under a causal
+    // mask on dense tensors in p.tile_phases phases by length
+    // (common/order.cuh; not with softcap, whose d128 sm80-path build spilled).
     const long long lin = (long long)blockIdx.y * gridDim.x + blockIdx.x;
+    if constexpr ((MASK_KIND == 1 || MASK_KIND == 2) && !IS_THD && !SOFTCAP) {
+        const PhaseTile pt = phase_tile(lin, (int)gridDim.y, p.tile_phases);
+        return BlockTile{pt.bh, pt.tile};
+    }
     return BlockTile{(int)(lin / gridDim.y), (int)(lin % gridDim.y)};
 {%- else %}
     return BlockTile{(int)blockIdx.x, (int)blockIdx.y};

@@ -15,4 +15,5 @@ struct FwdParams {
     float softcap_pre;                                   // scale / cap
     float softcap_post;                                  // cap * log2(e)
     int num_m_blocks;
+    int tile_phases;                                     // causal one-tile order (common/order.cuh)
 };
