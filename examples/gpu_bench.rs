@@ -6,7 +6,7 @@
 //! d ∈ {64, 128, 256} × seqlen ∈ {512, 2k, 8k, 16k} × causal, batch·seqlen =
 //! 16k tokens, heads·d = 2048, bf16, BHSD; plus a ragged THD sweep.
 //!
-//! usage: gpu_bench [--quick] [OUT_JSON] | --tune | --tune90 | --trace90 | --trace80b | --ab DIR[,DIR...]
+//! usage: gpu_bench [--quick] [OUT_JSON] | --tune | --tune90 | --trace90 | --trace80b | --phases | --ab DIR[,DIR...]
 //!        | --one SPEC [--path sm80] [--seqlen S]   (one kernel, fixed launch sequence: profilers)
 
 use std::time::Instant;
@@ -1220,6 +1220,95 @@ fn one(spec: &AttnSpec, sm80: bool, s: usize, rng: &mut rand::rngs::StdRng) {
     );
 }
 
+/// The causal block order in phases (`--phases`, session step `phases`):
+/// the planner's forward (one tile per block) and backward, and the sm80
+/// path's backward at d64/d128, under a causal mask at 2k, 8k and 16k, with
+/// the blocks in P = 1, 2, 3, 4, 6 phases (`LoadedKernel::set_tile_phases`),
+/// three interleaved rounds each; `<- rule` marks the launcher's choice
+/// (`plan::causal_tile_phases`).
+fn phases(rng: &mut rand::rngs::StdRng) {
+    launch::ensure_context(0).expect("context");
+    let cc = launch::current_compute_capability().expect("cc");
+    let arch = Arch::from_compute_capability(cc.0, cc.1).expect("supported GPU");
+    const PS: [u32; 5] = [1, 2, 3, 4, 6];
+    // Median TFLOP/s of each P over three rounds, each starting at the next P.
+    let sweep = |run: &mut dyn FnMut(), lk: &launch::LoadedKernel, flops: f64| -> Vec<f64> {
+        let mut figures = vec![Vec::new(); PS.len()];
+        for round in 0..3 {
+            for i in (0..PS.len()).map(|j| (j + round) % PS.len()) {
+                lk.set_tile_phases(PS[i]);
+                let ms = time_ms(&mut *run, 5.0, 25.0);
+                figures[i].push(flops / ms / 1e9);
+            }
+        }
+        lk.set_tile_phases(0);
+        figures.iter().map(|f| median(f)).collect()
+    };
+    let print = |what: &str, figures: &[f64], rule: u32| {
+        let base = figures[0];
+        for (p, f) in PS.iter().zip(figures) {
+            println!(
+                "phases {what} P={p} {f:7.1} TFLOP/s {:+5.1}%{}",
+                (f / base - 1.0) * 100.0,
+                if *p == rule { " <- rule" } else { "" }
+            );
+        }
+    };
+    for d in [64usize, 128, 256] {
+        let h = 2048 / d;
+        for s in [2048usize, 8192, 16384] {
+            let b = 16384 / s;
+            let fwd_flops = 4.0 * (b * h) as f64 * (s * s) as f64 * d as f64 / 2.0;
+            let spec = AttnSpec::fwd(DType::Bf16, d as u16, Mask::CausalTopLeft, Layout::Dense, arch);
+            let k = attnforge::get_or_build(&spec).expect("forward");
+            let lk = launch::load(&k).expect("load");
+            lk.set_persistent_grid(launch::ONE_TILE);
+            let (_bufs, fa) = fwd_problem(b, h, s, d, rng);
+            let tiles = s.div_ceil(k.plan.block_m as usize) as u32;
+            let rule = attnforge::plan::causal_tile_phases(tiles, lk.slots());
+            // SAFETY: buffers sized for the problem.
+            let mut run = || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") };
+            let figures = sweep(&mut run, &lk, fwd_flops);
+            lk.set_persistent_grid(0);
+            print(
+                &format!("fwd {spec} s{s} ({tiles} tiles, {} slots)", lk.slots()),
+                &figures,
+                rule,
+            );
+
+            let bspec = AttnSpec {
+                direction: attnforge::Direction::Bwd,
+                ..spec
+            };
+            let mut plans = vec![("planner", attnforge::plan(&bspec).expect("plan"))];
+            if d <= 128 {
+                if let Some(p) = attnforge::plan::plan_bwd::plan_bwd_sm80(&bspec) {
+                    if p.template != plans[0].1.template {
+                        plans.push(("sm80 path", p));
+                    }
+                }
+            }
+            for (what, plan) in plans {
+                let bk = attnforge::jit::build_plan(plan.clone()).expect("backward");
+                let bl = launch::load(&bk).expect("load backward");
+                let p = bwd_problem(&spec, &plan, b, h, s, d, rng);
+                let tiles = s.div_ceil(plan.bwd.as_ref().expect("bwd plan").block_n as usize) as u32;
+                let rule = attnforge::plan::causal_tile_phases(tiles, bl.slots());
+                // SAFETY: buffers and workspace sized for the problem.
+                let mut run = || unsafe {
+                    launch_bwd::launch_bwd(&bl, &p.args, p.ws.0, p.ws_bytes, std::ptr::null_mut()).expect("launch")
+                };
+                let figures = sweep(&mut run, &bl, 2.5 * fwd_flops);
+                print(
+                    &format!("bwd {bspec} {what} s{s} ({tiles} tiles, {} slots)", bl.slots()),
+                    &figures,
+                    rule,
+                );
+            }
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(i) = args.iter().position(|a| a == "--one") {
@@ -1255,6 +1344,14 @@ fn main() {
     }
     if args.iter().any(|a| a == "--trace90") {
         trace90(&mut rand::rngs::StdRng::seed_from_u64(5));
+        return;
+    }
+    if args.iter().any(|a| a == "--phases") {
+        if !launch::driver_available() {
+            eprintln!("skipped: no CUDA driver");
+            return;
+        }
+        phases(&mut rand::rngs::StdRng::seed_from_u64(17));
         return;
     }
     if args.iter().any(|a| a == "--tune90") {
