@@ -45,7 +45,7 @@ counts() { echo "  ok=$(grep -c '^ok' "$1") fail=$(grep -c '^FAIL' "$1")"; grep 
 for step in "${steps[@]}"; do
   case $step in
     bwd) run gpu_bwd "${LIMIT_BWD:-200}" .gpu/gpu_bwd; counts "$out/gpu_bwd.log" ;;
-    fwd) run gpu_fwd "${LIMIT_FWD:-300}" .gpu/gpu_fwd; counts "$out/gpu_fwd.log" ;;
+    fwd) run gpu_fwd "${LIMIT_FWD:-360}" .gpu/gpu_fwd; counts "$out/gpu_fwd.log" ;;
     py)
       whl=$(ls .gpu/attnforge-*.whl 2>/dev/null | head -n 1)
       if [ -n "$whl" ] && python3 -c "import torch" 2>/dev/null; then
