@@ -696,6 +696,11 @@ impl LoadedKernel {
     /// once).
     pub fn slots(&self) -> u32 {
         *self.slots.get_or_init(|| {
+            // The walk entry's resident blocks, where there is one: the same
+            // threads and shared memory as the one-tile entry.
+            if self.walk.is_some() {
+                return self.resident;
+            }
             // The backward's main kernel is the plan's entry, as the forward's is.
             let (threads, smem) = match &self.plan.bwd {
                 Some(bp) => (bp.num_warps * 32, bp.main_smem),

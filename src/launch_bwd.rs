@@ -380,9 +380,9 @@ pub unsafe fn launch_bwd(
         return Ok(());
     };
     // The main kernel's grid (bh_kv, kv tiles) sets the causal order's
-    // phases; the deterministic dQ kernel takes the same count.
-    let main = BwdEntries::of(&k.plan).main;
-    if let Some(step) = steps.iter().find(|s| s.entry == main) {
+    // phases; the deterministic dQ kernel takes the same count. The main
+    // kernel is the plan's entry (BwdEntries::main).
+    if let Some(step) = steps.iter().find(|s| s.entry == k.plan.entry) {
         params.tile_phases = k.phases_for(step.dims.grid.1) as i32;
     }
     for step in &steps {
