@@ -293,6 +293,7 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
         consumers,
         head_major: true,
         cluster: true,
+        rowsum_mma: true,
     };
     let alternatives: &[(usize, Vec<Sm90aFwdTiles>)] = &[
         (
@@ -344,6 +345,13 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                     ..base
                 },
             ];
+            // The row sums by FADD where the planner takes them from the tensor cores.
+            if plan_fwd_sm90a_with(&spec, base).rowsum_mma {
+                tiles.push(Sm90aFwdTiles {
+                    rowsum_mma: false,
+                    ..base
+                });
+            }
             // The clusters-of-two option (K/V multicast) where the spec takes
             // it: its one-tile entry is timed as pairs and alone.
             let pairs = Sm90aFwdTiles { cluster: true, ..base };

@@ -119,6 +119,14 @@ pub struct KernelPlan {
     /// (both measured slower at 176). Absent elsewhere.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub softmax_under_pv: bool,
+    /// sm90a forward only: each row's sum of probabilities comes from the
+    /// tensor cores, one `wgmma m64n8k16` beside every P·V k-step that
+    /// multiplies the same P registers by a 16 × 8 block of ones (a 1 KB
+    /// swizzle atom in shared memory, written once per block), instead of a
+    /// FADD per probability in the softmax. The sums then come from the
+    /// 16-bit P that the numerator uses. Absent elsewhere.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rowsum_mma: bool,
     /// The work tiles walk one (batch, head) at a time, its tiles
     /// consecutive, instead of all heads of one tile at a time. sm90a
     /// forward: query blocks (the blocks in flight share K and V in L2).
@@ -346,6 +354,7 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
         consumer_pipelined: false,
         pingpong: false,
         softmax_under_pv: false,
+        rowsum_mma: false,
         head_major: false,
         cluster_m: 1,
         bwd: None,
@@ -468,7 +477,17 @@ pub struct Sm90aFwdTiles {
     /// chunks of K and of V (d > 64); ignored elsewhere. Off by default
     /// (measured slower, docs/kernels.md).
     pub cluster: bool,
+    /// Row sums on the tensor cores (see [`KernelPlan::rowsum_mma`]); off
+    /// at block_n > [`SM90A_ROWSUM_MMA_MAX_BN`].
+    pub rowsum_mma: bool,
 }
+
+/// The widest key tile at which the sm90a forward takes its row sums from
+/// the tensor cores ([`KernelPlan::rowsum_mma`]).
+pub const SM90A_ROWSUM_MMA_MAX_BN: u32 = 176;
+/// Shared memory of the ones block of [`KernelPlan::rowsum_mma`]: one
+/// 128-byte-swizzle atom (8 rows of 128 bytes).
+pub const SM90A_ONES_BYTES: u32 = 1024;
 
 /// The widest key tile at which the sm90a forward's softmax runs under the
 /// previous P V ([`KernelPlan::softmax_under_pv`]).
@@ -527,6 +546,10 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
         // same entry with every block alone): -2..-6% at d128/d256 2k and 8k
         // without a mask, so an option only.
         cluster: false,
+        // Session 22: the softmax phase is issue-bound (session 17: trading
+        // MUFU for FMA lost; dropping the row max won 4-7%); the row sum's
+        // FADDs move to the tensor cores (~3% more tensor work at d128).
+        rowsum_mma: true,
     }
 }
 
@@ -562,6 +585,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         consumers,
         head_major,
         cluster,
+        rowsum_mma,
     } = tiles;
     // Pairs must see the same key tiles (no mask, dense) and split each K/V
     // tile by 64-column chunks (two or more of each).
@@ -576,14 +600,22 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
     let consumer_regs = sm90a_consumer_regs(consumers);
     let pingpong = pingpong && consumer_pipelined;
     let limit = spec.arch.max_smem_per_block();
-    while fwd_sm90a_smem(block_m, block_n, stages, qk_chunks, v_chunks) > limit {
+    let ones = |block_n: u32| {
+        if rowsum_mma && block_n <= SM90A_ROWSUM_MMA_MAX_BN {
+            SM90A_ONES_BYTES
+        } else {
+            0
+        }
+    };
+    while fwd_sm90a_smem(block_m, block_n, stages, qk_chunks, v_chunks) + ones(block_n) > limit {
         if stages > 2 {
             stages -= 1;
         } else {
             block_n -= 16;
         }
     }
-    let smem_bytes = fwd_sm90a_smem(block_m, block_n, stages, qk_chunks, v_chunks);
+    let rowsum_mma = ones(block_n) > 0;
+    let smem_bytes = fwd_sm90a_smem(block_m, block_n, stages, qk_chunks, v_chunks) + ones(block_n);
     reasons.push(format!(
         "sm90a: wgmma + TMA, 1 producer warpgroup ({SM90A_PRODUCER_REGS} regs) + {consumers} consumer warpgroups \
          ({consumer_regs} regs) of 64 query rows -> block_m={block_m}"
@@ -619,6 +651,18 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         reasons.push(format!(
             "block_n {block_n} > {SM90A_SOFTMAX_UNDER_PV_MAX_BN}: the P V wait before the softmax (ptxas's order) \
              and O rescaled every tile (the softmax under P V and the lazy max measured -1..-4% at block_n 176)"
+        ));
+    }
+    if rowsum_mma {
+        reasons.push(
+            "row sums on the tensor cores: one wgmma m64n8k16 per P V k-step, P times a 16 x 8 block of ones \
+             (1 KB of shared memory), in place of a FADD per probability"
+                .into(),
+        );
+    } else if tiles.rowsum_mma {
+        reasons.push(format!(
+            "block_n {block_n} > {SM90A_ROWSUM_MMA_MAX_BN}: row sums by FADD in the softmax (the tensor-core \
+             sums' 4 accumulators spilled at block_n 192)"
         ));
     }
     reasons.push(if persistent {
@@ -671,6 +715,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         consumer_pipelined,
         pingpong,
         softmax_under_pv,
+        rowsum_mma,
         head_major,
         cluster_m,
         bwd: None,
@@ -898,6 +943,61 @@ mod tests {
         // A spec that fails validation fails here too, with the planner's error.
         let bad = AttnSpec::fwd(DType::Bf16, 300, Mask::None, Layout::Dense, Arch::Sm90a);
         assert_eq!(plan_sm80_path(&bad).unwrap_err(), plan(&bad).unwrap_err());
+    }
+
+    #[test]
+    fn sm90a_row_sums_on_the_tensor_cores_up_to_block_n_176() {
+        use crate::spec::AttnSpec;
+        // block_n 192 (d <= 64 with softcap) keeps the FADD sums; every other
+        // default takes the tensor cores' and fits its ones block.
+        for s in [
+            "fwd.bf16.d64.none.dense.sm90a",
+            "fwd.bf16.d64.causal-tl.dense.softcap.sm90a",
+            "fwd.bf16.d128.none.dense.sm90a",
+            "fwd.f16.d128.window.thd.softcap.sm90a",
+            "fwd.bf16.d192v128.causal-br.dense.sm90a",
+            "fwd.bf16.d256.none.dense.sm90a",
+            "fwd.bf16.d256.causal-br.thd.sm90a",
+        ] {
+            let spec: AttnSpec = s.parse().unwrap();
+            let p = plan_fwd_sm90a(&spec);
+            assert_eq!(
+                p.rowsum_mma,
+                p.block_n <= SM90A_ROWSUM_MMA_MAX_BN,
+                "{s}: block_n {}",
+                p.block_n
+            );
+            assert!(
+                p.smem_bytes <= Arch::Sm90a.max_smem_per_block(),
+                "{s}: {}",
+                p.smem_bytes
+            );
+            let off = plan_fwd_sm90a_with(
+                &spec,
+                Sm90aFwdTiles {
+                    rowsum_mma: false,
+                    ..default_sm90a_tiles(&spec)
+                },
+            );
+            assert!(!off.rowsum_mma);
+            // The ones block is the only difference in shared memory (same tiles).
+            if p.rowsum_mma && (off.block_n, off.stages) == (p.block_n, p.stages) {
+                assert_eq!(p.smem_bytes, off.smem_bytes + SM90A_ONES_BYTES, "{s}");
+            }
+            let (on_src, off_src) = (
+                crate::render::render(&p).unwrap().source,
+                crate::render::render(&off).unwrap().source,
+            );
+            assert!(
+                on_src.contains(&format!("constexpr bool ROWSUM_MMA = {};", p.rowsum_mma)),
+                "{s}"
+            );
+            assert!(off_src.contains("constexpr bool ROWSUM_MMA = false;"), "{s}");
+        }
+        let d64_softcap: AttnSpec = "fwd.bf16.d64.causal-tl.dense.softcap.sm90a".parse().unwrap();
+        assert!(!plan_fwd_sm90a(&d64_softcap).rowsum_mma);
+        let d128: AttnSpec = "fwd.bf16.d128.none.dense.sm90a".parse().unwrap();
+        assert!(plan_fwd_sm90a(&d128).rowsum_mma);
     }
 
     #[test]

@@ -558,13 +558,16 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
                 Entry::Phases(3),
             ));
         }
-        // The other tile order (query-block-major; the default is head-major).
+        // The other tile order (query-block-major; the default is head-major),
+        // with the other form of the row sums (FADD in the softmax where the
+        // planner takes them from the tensor cores).
         let tiles = Sm90aFwdTiles {
             head_major: !base.head_major,
+            rowsum_mma: !base.rowsum_mma,
             ..base
         };
         jobs.push((
-            "fwd_sm90a.cu query-block-major order",
+            "fwd_sm90a.cu query-block-major order, other row sums",
             plan_fwd_sm90a_with(spec, tiles),
             Entry::Rule,
         ));

@@ -32,6 +32,9 @@ constexpr bool SOFTCAP = false;
 // The softmax's lazy reference max and O's skipped rescale (common/softmax.cuh),
 // taken with the softmax under the previous P V (plan's softmax_under_pv).
 constexpr bool LAZY_MAX = true;
+// Row sums on the tensor cores (plan's rowsum_mma): P times a block of ones
+// beside every P V k-step, in place of the softmax's FADDs.
+constexpr bool ROWSUM_MMA = true;
 // Clusters of two on the one-tile entry (plan's cluster_m; see `pair` below).
 constexpr int CLUSTER_M = 1;
 // The one-tile entry's blocks in phases by tile length (common/order.cuh).
@@ -357,8 +360,11 @@ __device__ __forceinline__ void apply_mask(float (&s)[MT][BN / 8][4], const RowW
 // 2^MAX_SLACK, far inside f32 and the 16-bit types) and alpha is exactly 1,
 // so that the caller can skip rescaling O. O / l and the LSE (reference +
 // log2 l) do not depend on which reference was used.
+//
+// SUM = false: the caller sums the probabilities elsewhere (the sm90a
+// forward's row sums on the tensor cores) and row_sum is left as it is.
 constexpr float MAX_SLACK = 8.f;
-template <int MT, int NT, typename Rescale, bool LAZY = false>
+template <int MT, int NT, typename Rescale, bool LAZY = false, bool SUM = true>
 __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&row_max)[MT][2],
                                                float (&row_sum)[MT][2], float scale, Rescale rescale) {
 #pragma unroll
@@ -383,9 +389,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&ro
                 for (int e = 0; e < 2; ++e) {
                     const float pv = fast_exp2(fmaf(s[mt][j][2 * r + e], scale, -m_use));
                     s[mt][j][2 * r + e] = pv;
-                    sum += pv;
+                    if constexpr (SUM) sum += pv;
                 }
-            row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+            if constexpr (SUM) row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
             rescale(mt, r, alpha);
         }
 }
@@ -509,7 +515,8 @@ constexpr unsigned K_BYTES = BLOCK_N * 128 * QK_CHUNKS;   // one stage
 constexpr unsigned V_BYTES = BLOCK_N * 128 * V_CHUNKS;
 constexpr unsigned OFF_K = Q_BYTES;
 constexpr unsigned OFF_V = OFF_K + STAGES * K_BYTES;
-constexpr unsigned OFF_BAR = OFF_V + STAGES * V_BYTES;    // q_full, q_empty, k_full[S], v_full[S], k_empty[S], v_empty[S]
+constexpr unsigned OFF_ONES = OFF_V + STAGES * V_BYTES;   // ROWSUM_MMA: one swizzle atom of ones (1024 B)
+constexpr unsigned OFF_BAR = OFF_ONES + (ROWSUM_MMA ? 1024u : 0u);   // q_full, q_empty, k_full[S], v_full[S], k_empty[S], v_empty[S]
 
 // One work tile: query rows [m0, m0 + BLOCK_M) of (batch b, head h), and the
 // key tiles [n_begin, n_begin + n_tiles * BLOCK_N) that they see. n_tiles is
@@ -652,6 +659,20 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[DV / 8][4], const unsigned (
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(vd), "r"(1));
 }
 
+// Row sums (ROWSUM_MMA): d (64 x 8) += P (64 x 16, registers) x ones (16 x 8,
+// shared memory). Every column of d is the row's sum of this k-step's P;
+// in the accumulator layout this thread's rows g and g + 8 are d[0] and d[2].
+// Every element of the ones atom is 1, so the descriptor's layout only has to
+// stay inside the atom (K-major, 8 rows of 32 bytes).
+__device__ __forceinline__ void wgmma_rowsum(float (&d)[4], const unsigned (&a)[4], unsigned long long bd) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16\n"
+        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, %8, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bd), "r"(1));
+}
+
 // The kernel body of both entries; the tensor maps stay the entry's
 // __grid_constant__ parameters (TMA takes their parameter-space address).
 template <bool WALK>
@@ -693,6 +714,15 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             mbar_init(v_empty(s), 4 * CONSUMERS * (pair ? 2 : 1));
         }
         fence_barrier_init();
+    }
+    if constexpr (ROWSUM_MMA) {
+        // The ones of the row sums: 64 threads store 16 bytes each (generic
+        // proxy), made visible to wgmma (async proxy) before the start barrier.
+        if (tid < 64) {
+            const unsigned one2 = pack2(1.f, 1.f);
+            asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" :: "r"(base + OFF_ONES + 16u * tid), "r"(one2) : "memory");
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        }
     }
     // A pair's barriers must be initialized in both blocks before either
     // multicasts or arrives remotely.
@@ -815,6 +845,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
 
 
     float acc_o[DV / 8][4];
+    float acc_l[4];                                      // ROWSUM_MMA: row sums (rows g, g + 8 in [0], [2])
     float acc_s[1][BLOCK_N / 8][4];
     unsigned pa[BLOCK_N / 16][4];                        // P, the A operand of P V
     unsigned ring_par = 0;
@@ -838,6 +869,8 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         for (int j = 0; j < DV / 8; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc_o[j][e] = 0.f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_l[e] = 0.f;
 
         // Ring slot and phase of this tile's key tile `it`.
         auto slot = [&](int it) { return it % STAGES; };
@@ -861,11 +894,13 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             }
             wgmma_commit();
         };
-        // O += P V(stage s), committed as one wgmma group.
+        // O += P V(stage s), and the row sums += P ones, committed as one wgmma group.
         auto issue_pv = [&](int s) {
 #pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
                 wgmma_pv(acc_o, pa[kk], sw128_desc(sV + s * V_BYTES + kk * 16 * 128, BLOCK_N * 128));
+                if constexpr (ROWSUM_MMA) wgmma_rowsum(acc_l, pa[kk], sw128_desc(base + OFF_ONES, 16));
+            }
             wgmma_commit();
         };
         // Softcap into the log2 domain (otherwise the softmax scales), mask edge
@@ -882,7 +917,8 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
                 (win.key_lo(last_row) > n0 || win.key_hi(w.m0) < n0 + BLOCK_N - 1));
             if (edge) apply_mask<1, BLOCK_N>(acc_s, win, row0, n0 + 2 * t);
             auto keep = [&](int, int r, float a) { alpha[r] = a; };
-            online_softmax<1, BLOCK_N / 8, decltype(keep), LAZY_MAX>(acc_s, row_max, row_sum, SOFTCAP ? 1.f : p.scale_log2, keep);
+            online_softmax<1, BLOCK_N / 8, decltype(keep), LAZY_MAX, !ROWSUM_MMA>(acc_s, row_max, row_sum,
+                                                                                SOFTCAP ? 1.f : p.scale_log2, keep);
         };
         // With the lazy reference max, skipped by the whole warp when none of
         // its rows raised its reference (alpha is then exactly 1): after the
@@ -895,6 +931,10 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
                 acc_o[j][1] *= alpha[0];
                 acc_o[j][2] *= alpha[1];
                 acc_o[j][3] *= alpha[1];
+            }
+            if constexpr (ROWSUM_MMA) {
+                acc_l[0] *= alpha[0];
+                acc_l[2] *= alpha[1];
             }
         };
         // P as bf16/f16 A fragments: the S accumulator of two n-tiles is the A
@@ -1032,7 +1072,8 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         float l[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            l[r] = quad_sum(row_sum[0][r]);
+            // ROWSUM_MMA: the whole row's sum is in every column (no quad sum).
+            l[r] = ROWSUM_MMA ? acc_l[2 * r] : quad_sum(row_sum[0][r]);
             const float inv = l[r] > 0.f ? fast_rcp(l[r]) : 0.f;   // O is rounded to 16 bits after it
 #pragma unroll
             for (int g = 0; g < GROUPS; ++g)

@@ -42,8 +42,11 @@ __device__ __forceinline__ void apply_mask(float (&s)[MT][BN / 8][4], const RowW
 // 2^MAX_SLACK, far inside f32 and the 16-bit types) and alpha is exactly 1,
 // so that the caller can skip rescaling O. O / l and the LSE (reference +
 // log2 l) do not depend on which reference was used.
+//
+// SUM = false: the caller sums the probabilities elsewhere (the sm90a
+// forward's row sums on the tensor cores) and row_sum is left as it is.
 constexpr float MAX_SLACK = 8.f;
-template <int MT, int NT, typename Rescale, bool LAZY = false>
+template <int MT, int NT, typename Rescale, bool LAZY = false, bool SUM = true>
 __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&row_max)[MT][2],
                                                float (&row_sum)[MT][2], float scale, Rescale rescale) {
 #pragma unroll
@@ -68,9 +71,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&ro
                 for (int e = 0; e < 2; ++e) {
                     const float pv = fast_exp2(fmaf(s[mt][j][2 * r + e], scale, -m_use));
                     s[mt][j][2 * r + e] = pv;
-                    sum += pv;
+                    if constexpr (SUM) sum += pv;
                 }
-            row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+            if constexpr (SUM) row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
             rescale(mt, r, alpha);
         }
 }
