@@ -294,6 +294,7 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
         head_major: true,
         cluster: true,
         rowsum_mma: true,
+        tail_first: true,
     };
     let alternatives: &[(usize, Vec<Sm90aFwdTiles>)] = &[
         (
@@ -345,6 +346,13 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                     ..base
                 },
             ];
+            // Causal blocks aligned to the start (the partial block last).
+            if plan_fwd_sm90a_with(&spec, base).tail_first {
+                tiles.push(Sm90aFwdTiles {
+                    tail_first: false,
+                    ..base
+                });
+            }
             // The row sums by FADD where the planner takes them from the tensor cores.
             if plan_fwd_sm90a_with(&spec, base).rowsum_mma {
                 tiles.push(Sm90aFwdTiles {

@@ -127,6 +127,14 @@ pub struct KernelPlan {
     /// 16-bit P that the numerator uses. Absent elsewhere.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rowsum_mma: bool,
+    /// sm90a forward only, causal masks: a sequence's query blocks are
+    /// aligned to its end (the last block ends at the last row), so that
+    /// the partial block is the first and shortest one, not the last and
+    /// longest; its rows before 0 are TMA's zero fill (or the previous
+    /// sequence's tokens in a ragged batch), are masked as any row and
+    /// never stored. Absent elsewhere.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tail_first: bool,
     /// The work tiles walk one (batch, head) at a time, its tiles
     /// consecutive, instead of all heads of one tile at a time. sm90a
     /// forward: query blocks (the blocks in flight share K and V in L2).
@@ -355,6 +363,7 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
         pingpong: false,
         softmax_under_pv: false,
         rowsum_mma: false,
+        tail_first: false,
         head_major: false,
         cluster_m: 1,
         bwd: None,
@@ -480,6 +489,9 @@ pub struct Sm90aFwdTiles {
     /// Row sums on the tensor cores (see [`KernelPlan::rowsum_mma`]); off
     /// at block_n > [`SM90A_ROWSUM_MMA_MAX_BN`].
     pub rowsum_mma: bool,
+    /// Causal query blocks aligned to the sequence's end (see
+    /// [`KernelPlan::tail_first`]); ignored without a causal mask.
+    pub tail_first: bool,
 }
 
 /// The widest key tile at which the sm90a forward takes its row sums from
@@ -550,6 +562,12 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
         // MUFU for FMA lost; dropping the row max won 4-7%); the row sum's
         // FADDs move to the tensor cores (~3% more tensor work at d128).
         rowsum_mma: true,
+        // Session 22: where seqlen is not a multiple of block_m (d <= 64's
+        // three consumers, block_m 192, at every standard length; ragged
+        // batches) the partial query block is the longest under a causal
+        // mask and its rows past the end run every key tile for nothing:
+        // at seqlen 512 27 warpgroup-tiles for 20 useful, aligned to the end 24.
+        tail_first: true,
     }
 }
 
@@ -586,6 +604,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         head_major,
         cluster,
         rowsum_mma,
+        tail_first,
     } = tiles;
     // Pairs must see the same key tiles (no mask, dense) and split each K/V
     // tile by 64-column chunks (two or more of each).
@@ -653,6 +672,14 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
              and O rescaled every tile (the softmax under P V and the lazy max measured -1..-4% at block_n 176)"
         ));
     }
+    let tail_first = tail_first && matches!(spec.mask, Mask::CausalTopLeft | Mask::CausalBottomRight);
+    if tail_first {
+        reasons.push(
+            "causal: query blocks aligned to the sequence's end, the partial block first and shortest (its rows \
+             before the start are masked like any other and never stored)"
+                .into(),
+        );
+    }
     if rowsum_mma {
         reasons.push(
             "row sums on the tensor cores: one wgmma m64n8k16 per P V k-step, P times a 16 x 8 block of ones \
@@ -716,6 +743,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         pingpong,
         softmax_under_pv,
         rowsum_mma,
+        tail_first,
         head_major,
         cluster_m,
         bwd: None,
@@ -998,6 +1026,30 @@ mod tests {
         assert!(!plan_fwd_sm90a(&d64_softcap).rowsum_mma);
         let d128: AttnSpec = "fwd.bf16.d128.none.dense.sm90a".parse().unwrap();
         assert!(plan_fwd_sm90a(&d128).rowsum_mma);
+    }
+
+    #[test]
+    fn sm90a_causal_blocks_align_to_the_end() {
+        for (s, on) in [
+            ("fwd.bf16.d64.causal-tl.dense.sm90a", true),
+            ("fwd.bf16.d128.causal-br.thd.sm90a", true),
+            ("fwd.bf16.d128.none.dense.sm90a", false),
+            ("fwd.bf16.d64.window.thd.sm90a", false),
+        ] {
+            let spec: crate::spec::AttnSpec = s.parse().unwrap();
+            let p = plan_fwd_sm90a(&spec);
+            assert_eq!(p.tail_first, on, "{s}");
+            let src = crate::render::render(&p).unwrap().source;
+            assert!(src.contains(&format!("constexpr bool TAIL_FIRST = {on};")), "{s}");
+            let off = plan_fwd_sm90a_with(
+                &spec,
+                Sm90aFwdTiles {
+                    tail_first: false,
+                    ..default_sm90a_tiles(&spec)
+                },
+            );
+            assert!(!off.tail_first);
+        }
     }
 
     #[test]

@@ -35,6 +35,9 @@ constexpr bool LAZY_MAX = {{ softmax_under_pv }};
 // Row sums on the tensor cores (plan's rowsum_mma): P times a block of ones
 // beside every P V k-step, in place of the softmax's FADDs.
 constexpr bool ROWSUM_MMA = {{ rowsum_mma }};
+// Causal query blocks aligned to the sequence's end (plan's tail_first): the
+// partial block is the first (and shortest) one.
+constexpr bool TAIL_FIRST = {{ tail_first }};
 // Clusters of two on the one-tile entry (plan's cluster_m; see `pair` below).
 constexpr int CLUSTER_M = {{ cluster_m }};
 // The one-tile entry's blocks in phases by tile length (common/order.cuh).
@@ -164,9 +167,14 @@ __device__ __forceinline__ Tile tile_at(const FwdParams& p, int t) {
     w.n_begin = 0;
     w.n_tiles = -1;
     if (w.m0 >= w.sq) return w;
+    // TAIL_FIRST: every block moves back by the partial block's padding, so
+    // the last ends at row sq - 1 and the first starts at or before row 0
+    // (its rows before 0, zero fill or the previous sequence's tokens, are
+    // masked as any row and never stored).
+    if constexpr (TAIL_FIRST) w.m0 -= (w.sq + BLOCK_M - 1) / BLOCK_M * BLOCK_M - w.sq;
     const RowWindow win(w.sq, w.sk, p.window_left, p.window_right);
     const int last_row = min(w.m0 + BLOCK_M, w.sq) - 1;
-    w.n_begin = (win.key_lo(w.m0) / BLOCK_N) * BLOCK_N;
+    w.n_begin = (win.key_lo(max(w.m0, 0)) / BLOCK_N) * BLOCK_N;
     const int n_end = min(w.sk, win.key_hi(last_row) + 1);
     w.n_tiles = n_end > w.n_begin ? (n_end - w.n_begin + BLOCK_N - 1) / BLOCK_N : 0;
     return w;
@@ -658,7 +666,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int i = row0 + 8 * r;
-            if (i < w.sq) {
+            if (i < w.sq && (!TAIL_FIRST || i >= 0)) {
                 elem_t* row = gO + i * p.o_ss + 8 * t;
 #pragma unroll
                 for (int g = 0; g < GROUPS; ++g)

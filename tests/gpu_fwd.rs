@@ -560,14 +560,16 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
         }
         // The other tile order (query-block-major; the default is head-major),
         // with the other form of the row sums (FADD in the softmax where the
-        // planner takes them from the tensor cores).
+        // planner takes them from the tensor cores) and, under a causal mask,
+        // the query blocks aligned to the start (the partial block last).
         let tiles = Sm90aFwdTiles {
             head_major: !base.head_major,
             rowsum_mma: !base.rowsum_mma,
+            tail_first: !base.tail_first,
             ..base
         };
         jobs.push((
-            "fwd_sm90a.cu query-block-major order, other row sums",
+            "fwd_sm90a.cu query-block-major order, other row sums and alignment",
             plan_fwd_sm90a_with(spec, tiles),
             Entry::Rule,
         ));

@@ -221,9 +221,12 @@ fn sm90a_forward_schedule_variants_compile_without_spills() {
             assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
             assert!(k.meta.registers > 0, "{spec} {tiles:?}: no ptxas resources");
         }
-        // The other tile order than the planner's.
+        // The other tile order than the planner's, with the other row sums
+        // and causal alignment (as the GPU suite runs it).
         let tiles = Sm90aFwdTiles {
             head_major: !planned.head_major,
+            rowsum_mma: !planned.rowsum_mma,
+            tail_first: !planned.tail_first,
             ..planned
         };
         let plan = plan_fwd_sm90a_with(&spec, tiles);
