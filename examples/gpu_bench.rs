@@ -6,7 +6,8 @@
 //! d ∈ {64, 128, 256} × seqlen ∈ {512, 2k, 8k, 16k} × causal, batch·seqlen =
 //! 16k tokens, heads·d = 2048, bf16, BHSD; plus a ragged THD sweep.
 //!
-//! usage: gpu_bench [--quick] [OUT_JSON] | --tune | --tune90 | --trace90 | --trace80b | --phases | --ab DIR[,DIR...]
+//! usage: gpu_bench [--quick] [OUT_JSON] | --tune | --tune90 | --trace90 | --trace80b | --phases | --ragged-order
+//!        | --ab DIR[,DIR...]
 //!        | --one SPEC [--path sm80] [--seqlen S]   (one kernel, fixed launch sequence: profilers)
 
 use std::time::Instant;
@@ -1325,6 +1326,76 @@ fn phases(rng: &mut rand::rngs::StdRng) {
     }
 }
 
+/// The lengths that the default sweep's ragged cells draw (`ragged_lens` on
+/// the seed-7 generator after the dense cells: the same in every run, see
+/// `ragged_lens` in docs/benchmarks/*-bench.json), per head dim.
+fn bench_ragged_lens(d: usize) -> Vec<usize> {
+    if d == 128 {
+        vec![3730, 2022, 598, 3689, 3669, 129, 2199, 348]
+    } else {
+        vec![2864, 1856, 734, 3733, 1257, 2479, 575, 576, 444, 1866]
+    }
+}
+
+/// Ragged batches longest keys first (`--ragged-order`, session step
+/// `ragged`): the planner's THD forward at d128 and d256, without a mask and
+/// causal (bottom-right), on the bench's ragged problem with two draws of
+/// lengths (the `--ab` cells' seed-11 draw and the default sweep's), the
+/// one-tile entry with the sequences in batch order (off) and longest keys
+/// first (on, `LoadedKernel::set_ragged_order`), interleaved over three
+/// rounds; the entry the launcher's rule takes is printed beside. One
+/// `ragged ...` line and one `ragged-json {...}` line per cell.
+fn ragged_order_ab(rng: &mut rand::rngs::StdRng) {
+    launch::ensure_context(0).expect("context");
+    let cc = launch::current_compute_capability().expect("cc");
+    let arch = Arch::from_compute_capability(cc.0, cc.1).expect("supported GPU");
+    let seed11 = ragged_lens(&mut rand::rngs::StdRng::seed_from_u64(11));
+    for d in [128usize, 256] {
+        let h = 2048 / d;
+        for (draw, lens) in [("seed11", seed11.clone()), ("bench", bench_ragged_lens(d))] {
+            for causal in [false, true] {
+                let mask = if causal { Mask::CausalBottomRight } else { Mask::None };
+                let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Thd, arch);
+                let k = attnforge::get_or_build(&spec).expect("forward");
+                let lk = launch::load(&k).expect("load");
+                let (_bufs, fa) = ragged_problem(d, &lens, rng);
+                let rule = entry_of(&lk, &fa).trim();
+                lk.set_persistent_grid(launch::ONE_TILE);
+                let flops = ragged_flops(&lens, h, d, causal);
+                // SAFETY: buffers sized for the problem.
+                let mut run = || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") };
+                // TFLOP/s of off (0) and on (1), each round starting with the other one.
+                let mut figures = [Vec::new(), Vec::new()];
+                for round in 0..3 {
+                    for on in [round % 2 == 1, round % 2 == 0] {
+                        lk.set_ragged_order(on);
+                        let ms = time_ms(&mut run, 5.0, 25.0);
+                        figures[on as usize].push(flops / ms / 1e9);
+                    }
+                }
+                lk.set_ragged_order(true);
+                lk.set_persistent_grid(0);
+                let (off, on) = (median(&figures[0]), median(&figures[1]));
+                let change = (on / off - 1.0) * 100.0;
+                println!(
+                    "ragged {spec} {draw} ({} seqs {}..{}) one tile: batch order {off:7.1} TFLOP/s, \
+                     longest first {on:7.1} TFLOP/s {change:+5.1}% (rule's entry: {rule})",
+                    lens.len(),
+                    lens.iter().min().unwrap(),
+                    lens.iter().max().unwrap()
+                );
+                let row = serde_json::json!({
+                    "spec": spec.to_string(), "draw": draw, "ragged_lens": lens, "h": h, "d": d,
+                    "causal": causal, "entry": "one tile", "rule_entry": rule,
+                    "batch_order_tflops": figures[0], "longest_first_tflops": figures[1],
+                    "batch_order_median": off, "longest_first_median": on, "change_pct": change,
+                });
+                println!("ragged-json {row}");
+            }
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(i) = args.iter().position(|a| a == "--one") {
@@ -1368,6 +1439,14 @@ fn main() {
             return;
         }
         phases(&mut rand::rngs::StdRng::seed_from_u64(17));
+        return;
+    }
+    if args.iter().any(|a| a == "--ragged-order") {
+        if !launch::driver_available() {
+            eprintln!("skipped: no CUDA driver");
+            return;
+        }
+        ragged_order_ab(&mut rand::rngs::StdRng::seed_from_u64(19));
         return;
     }
     if args.iter().any(|a| a == "--tune90") {

@@ -5,10 +5,10 @@
 # a subset, the same-run benchmark and the sm90a forward tile variants. Prints
 # one summary line per step; logs and reports go to $OUT (or ./gpu-results).
 #   usage: scripts/gpu-session.sh [steps...]   (default: bwd fwd py memcheck bench)
-#          steps: bwd fwd py memcheck bench tune tune90 trace90 trace80b phases ab
+#          steps: bwd fwd py memcheck bench tune tune90 trace90 trace80b phases ragged ab
 #          (tune: the sm80 forward's tile shapes, `gpu_bench --tune`)
 # Limits (seconds) can be set by env: LIMIT_BWD LIMIT_FWD LIMIT_PY LIMIT_MEMCHECK
-# LIMIT_BENCH LIMIT_TUNE LIMIT_TUNE90 LIMIT_TRACE90 LIMIT_TRACE80B LIMIT_PHASES LIMIT_AB; ATTNFORGE_SANITIZE_CASES picks the memcheck subset.
+# LIMIT_BENCH LIMIT_TUNE LIMIT_TUNE90 LIMIT_TRACE90 LIMIT_TRACE80B LIMIT_PHASES LIMIT_RAGGED LIMIT_AB; ATTNFORGE_SANITIZE_CASES picks the memcheck subset.
 # AB_DIRS: the comma-separated cubin dirs of step ab (default .gpu/ab; scripts/ab-cubins.sh REV DIR).
 # Measured on the H200 (2026-12-03): bwd 45 s, fwd 225 s, py 70 s, memcheck
 # 12 s, bench 146 s (before the wgmma backward options got their columns:
@@ -81,6 +81,8 @@ for step in "${steps[@]}"; do
     trace80b) run trace80b "${LIMIT_TRACE80B:-90}" .gpu/gpu_bench --trace80b; grep '^trace80b' "$out/trace80b.log" | head -n 60 ;;
     # The causal block order's phase counts against each other (plan::causal_tile_phases).
     phases) run phases "${LIMIT_PHASES:-150}" .gpu/gpu_bench --phases; grep '^phases' "$out/phases.log" | head -n 120 ;;
+    # Ragged batches in batch order against longest keys first (one-tile entry; common/order.cuh).
+    ragged) run ragged "${LIMIT_RAGGED:-120}" .gpu/gpu_bench --ragged-order; grep '^ragged ' "$out/ragged.log" | head -n 40 ;;
     # Same-process A/B of the forward against the cubins carried in .gpu/ab.
     ab) run ab "${LIMIT_AB:-60}" .gpu/gpu_bench --ab "${AB_DIRS:-.gpu/ab}" ;;
     *) echo "unknown step: $step"; status=1 ;;

@@ -179,6 +179,10 @@ pub struct FwdParams {
     /// The one-tile entry's causal block order in phases
     /// (`templates/common/order.cuh`; 1 = head-major, the checked default).
     pub tile_phases: i32,
+    /// Nonzero: the sm90a one-tile entry takes a ragged batch's sequences
+    /// longest keys first (`ragged_order` in `templates/common/order.cuh`;
+    /// batches up to 64 sequences). 0, the checked default: tile_at's order.
+    pub ragged_order: i32,
 }
 
 /// Grid and block of a checked launch.
@@ -327,6 +331,7 @@ pub fn check_fwd(plan: &KernelPlan, a: &FwdArgs) -> Result<Option<(FwdParams, La
         softcap_post,
         num_m_blocks: num_m_blocks as i32,
         tile_phases: 1,
+        ragged_order: 0,
     };
     let mut params = params;
     if spec.layout == Layout::Thd {
@@ -585,6 +590,9 @@ pub struct LoadedKernel {
     /// Phases of causal one-tile grids: 0 = the launcher's rule
     /// ([`crate::plan::causal_tile_phases`]), else forced (tests, tuning).
     tile_phases: AtomicU32,
+    /// Whether one-tile launches of ragged batches take the sequences
+    /// longest keys first; on unless a test or tuning run turns it off.
+    ragged_order: AtomicBool,
     /// Blocks of the main entry that the device runs at once (SMs × the
     /// driver's occupancy), asked on first use.
     slots: OnceLock<u32>,
@@ -678,6 +686,23 @@ impl LoadedKernel {
     pub fn set_tile_phases(&self, phases: u32) {
         self.tile_phases
             .store(phases.min(crate::plan::MAX_TILE_PHASES), Ordering::Relaxed);
+    }
+
+    /// Let the sm90a forward's one-tile launches of ragged (THD) batches take
+    /// the sequences longest keys first (the default; `ragged_order` in
+    /// `templates/common/order.cuh`, batches up to 64 sequences), or keep
+    /// tile_at's batch order (tests check both orders of the same entry;
+    /// `gpu_bench --ragged-order` times them). Like [`Self::set_persistent_grid`],
+    /// it holds for every user of this loaded kernel. The walk entry, dense
+    /// kernels and the sm80-path forward ignore it.
+    pub fn set_ragged_order(&self, on: bool) {
+        self.ragged_order.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether ragged one-tile launches take the sequences longest keys
+    /// first (see [`Self::set_ragged_order`]).
+    pub fn ragged_order(&self) -> bool {
+        self.ragged_order.load(Ordering::Relaxed)
     }
 
     /// The phases a launch whose heads have `tiles` work tiles each takes:
@@ -848,6 +873,7 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
             persistent_grid: AtomicU32::new(0),
             clusters: AtomicBool::new(true),
             tile_phases: AtomicU32::new(0),
+            ragged_order: AtomicBool::new(true),
             slots: OnceLock::new(),
         }
     };
@@ -993,6 +1019,7 @@ pub unsafe fn launch_fwd(k: &LoadedKernel, args: &FwdArgs, stream: sys::CUstream
     let (func, grid, cluster) = k.entry(&args.problem, dims.grid);
     // The one-tile grid's causal order (read by the kernels that have one).
     params.tile_phases = k.phases_for(dims.grid.1) as i32;
+    params.ragged_order = k.ragged_order() as i32;
     dims.grid = grid;
     // The sm90a forward takes its Q/K/V tensor maps after the parameter block.
     let (mut maps, n) = if k.plan.template == Template::FwdSm90a {
@@ -1323,11 +1350,13 @@ mod tests {
 
     #[test]
     fn fwd_params_block_has_the_cuda_layout() {
-        // 7 pointers + 14 i64, then 8 i32, 3 f32, num_m_blocks, tile_phases;
-        // 8-byte alignment pads the end (as nvcc's struct does).
+        // 7 pointers + 14 i64, then 8 i32, 3 f32, num_m_blocks, tile_phases,
+        // ragged_order: 224 bytes, a multiple of the 8-byte alignment (no
+        // padding at the end, as in nvcc's struct).
         assert_eq!(std::mem::offset_of!(FwdParams, batch), 7 * 8 + 14 * 8);
         assert_eq!(std::mem::offset_of!(FwdParams, num_m_blocks), 7 * 8 + 14 * 8 + 11 * 4);
         assert_eq!(std::mem::offset_of!(FwdParams, tile_phases), 7 * 8 + 14 * 8 + 12 * 4);
+        assert_eq!(std::mem::offset_of!(FwdParams, ragged_order), 7 * 8 + 14 * 8 + 13 * 4);
         assert_eq!(std::mem::size_of::<FwdParams>(), 224);
     }
 

@@ -460,6 +460,41 @@ pub fn phase_tile(lin: u64, pairs: u64, tiles: u32, phases: u32) -> (u64, u32) {
     (lin / (t - lo), (lo + lin % (t - lo)) as u32)
 }
 
+/// Most sequences of a ragged batch whose one-tile grid takes the sequences
+/// longest keys first ([`ragged_order`]); larger batches keep tile_at's order.
+pub const RAGGED_ORDER_MAX_BATCH: usize = 64;
+
+/// The tile (tile_at's number, `(b · heads_q + h) · m + qb`) that block `lin`
+/// of a ragged one-tile grid of `lens_q.len()` × `heads_q` × `m` blocks takes
+/// with the sequences longest keys first: the host mirror of `ragged_order`
+/// in `templates/common/order.cuh`, in its steps (for each sequence the tiles
+/// of the sequences ahead of it, then the sequence whose tiles hold `lin`).
+/// Sequences go by key length, longest first, ties by batch index; within
+/// one, head-major, each head's real query blocks (`min(ceil(sq / block_m),
+/// m)` of them) the last first. `None` (the kernel's -1): a block past the
+/// last real tile. The kernel takes this order for batches up to
+/// [`RAGGED_ORDER_MAX_BATCH`] sequences.
+pub fn ragged_order(lens_q: &[u32], lens_k: &[u32], heads_q: u32, m: u32, block_m: u32, lin: u64) -> Option<u64> {
+    let nqb: Vec<u64> = lens_q
+        .iter()
+        .map(|&sq| u64::from(sq.div_ceil(block_m).min(m)))
+        .collect();
+    let tiles = |b: usize| nqb[b] * u64::from(heads_q);
+    for b in 0..lens_q.len() {
+        // Sequence j goes ahead of b when its keys are longer, or as long with j < b.
+        let ahead: u64 = (0..lens_q.len())
+            .filter(|&j| lens_k[j] > lens_k[b] || (lens_k[j] == lens_k[b] && j < b))
+            .map(tiles)
+            .sum();
+        if lin >= ahead && lin < ahead + tiles(b) {
+            let r = lin - ahead;
+            let (h, ql) = (r / nqb[b], r % nqb[b]);
+            return Some((b as u64 * u64::from(heads_q) + h) * u64::from(m) + (u64::from(m) - nqb[b] + ql));
+        }
+    }
+    None
+}
+
 /// Longest keys for which the sm90a forward walks its tiles at any head dim
 /// (twice as long at d <= 64 under a mask); see [`sm90a_walk_pays`].
 pub const SM90A_WALK_MAX_KEYS: u32 = 1024;
@@ -815,6 +850,89 @@ mod tests {
         // Two phases over 2 pairs x 4 tiles: 0 1 | 0 1 | 2 3 | 2 3.
         let order: Vec<_> = (0..8).map(|l| phase_tile(l, 2, 4, 2)).collect();
         assert_eq!(order, [(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3), (1, 2), (1, 3)]);
+    }
+
+    #[test]
+    fn ragged_order_takes_every_real_tile_once_longest_keys_first() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(22);
+        for trial in 0..400 {
+            let batch = match trial % 4 {
+                0 => rng.gen_range(1..=4),
+                1 => rng.gen_range(1..=RAGGED_ORDER_MAX_BATCH),
+                _ => rng.gen_range(30..=RAGGED_ORDER_MAX_BATCH),
+            };
+            let block_m = [64u32, 128, 192][rng.gen_range(0..3)];
+            let heads = rng.gen_range(1..=3u32);
+            // Empty sequences, one token, block edges (and one past), any length.
+            let len = |rng: &mut rand::rngs::StdRng| match rng.gen_range(0..6) {
+                0 => 0,
+                1 => 1,
+                2 => block_m * rng.gen_range(1..=4),
+                3 => block_m * rng.gen_range(1..=4) + 1,
+                _ => rng.gen_range(0..=700),
+            };
+            let lens_q: Vec<u32> = (0..batch).map(|_| len(&mut rng)).collect();
+            // Equal key lengths often (ties), and queries without keys.
+            let lens_k: Vec<u32> = lens_q
+                .iter()
+                .map(|&sq| match rng.gen_range(0..4) {
+                    0 => sq,
+                    1 => 0,
+                    _ => len(&mut rng),
+                })
+                .collect();
+            let max_q = *lens_q.iter().max().unwrap();
+            // The grid's query blocks from the batch's maximum, now and then
+            // one more or one fewer than the longest sequence has (real
+            // query blocks are clamped to the grid's).
+            let m = match trial % 7 {
+                0 => max_q.div_ceil(block_m) + 1,
+                1 => max_q.div_ceil(block_m).saturating_sub(1),
+                _ => max_q.div_ceil(block_m),
+            }
+            .max(1);
+            let grid = batch as u64 * u64::from(heads) * u64::from(m);
+            let real = |t: u64| {
+                let b = (t / u64::from(m) / u64::from(heads)) as usize;
+                let qb = t % u64::from(m);
+                // tile_at's test: the tile's first query row within the sequence.
+                (u64::from(m) - 1 - qb) * u64::from(block_m) < u64::from(lens_q[b])
+            };
+            let n_real = (0..grid).filter(|&t| real(t)).count();
+            let mut seen = vec![false; grid as usize];
+            let mut last_key = u32::MAX;
+            let mut last_b = 0usize;
+            for lin in 0..grid {
+                let what = format!("trial {trial}: {lens_q:?} {lens_k:?} h{heads} m{m} bm{block_m} lin {lin}");
+                let got = ragged_order(&lens_q, &lens_k, heads, m, block_m, lin);
+                // The real tiles first, then nothing.
+                if lin >= n_real as u64 {
+                    assert_eq!(got, None, "{what}");
+                    continue;
+                }
+                let t = got.unwrap_or_else(|| panic!("no tile: {what}"));
+                assert!(t < grid && real(t), "{what}: tile {t}");
+                assert!(!seen[t as usize], "{what}: tile {t} twice");
+                seen[t as usize] = true;
+                // Sequences by key length, longest first; ties by batch index.
+                let b = (t / u64::from(m) / u64::from(heads)) as usize;
+                assert!(lens_k[b] <= last_key, "{what}");
+                if lens_k[b] == last_key {
+                    assert!(b >= last_b, "{what}");
+                }
+                (last_key, last_b) = (lens_k[b], b);
+            }
+            assert_eq!(seen.iter().filter(|&&s| s).count(), n_real);
+        }
+        // Two sequences (keys 100, 300), two heads, block_m 64, m = 3: the
+        // second one's 2 query blocks (the last first) per head, then the first's 3.
+        let order: Vec<_> = (0..12)
+            .map(|l| ragged_order(&[150, 100], &[100, 300], 2, 3, 64, l))
+            .collect();
+        let tiles = [7, 8, 10, 11, 0, 1, 2, 3, 4, 5];
+        assert_eq!(order[..10], tiles.map(Some));
+        assert_eq!(order[10..], [None, None]);
     }
 
     #[test]

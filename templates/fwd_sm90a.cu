@@ -5,7 +5,7 @@
 // run S = QK^T (wgmma, both operands in shared memory), the online softmax in
 // registers, and O += PV (wgmma, P from registers, V read transposed).
 // Work tiles in the order of tile_at ({% if head_major %}head-major{% else %}longest causal tiles first{% endif %}). Entries:
-//   {{ entry }}: one tile per block.{% if persistent %}
+//   {{ entry }}: one tile per block{% if is_thd %} (the sequences longest keys first where the launcher asks){% endif %}.{% if persistent %}
 //   {{ entry }}_walk: the resident blocks walk the tiles in a snake over
 //   rounds of gridDim.x tiles, the next tile's Q loading while this tile's
 //   last P V and epilogue run; the launcher takes it for short keys
@@ -42,6 +42,9 @@ constexpr bool TAIL_FIRST = {{ tail_first }};
 constexpr int CLUSTER_M = {{ cluster_m }};
 // The one-tile entry's blocks in phases by tile length (common/order.cuh).
 constexpr bool PHASED = (MASK_KIND == 1 || MASK_KIND == 2) && !IS_THD;
+// Ragged one-tile grids: the sequences longest keys first (common/order.cuh's
+// ragged_order, where p.ragged_order is set), up to this many sequences.
+constexpr int RAGGED_ORDER_MAX_BATCH = 64;
 
 // The work-tile loop of both entries (WALK, a template parameter of the
 // kernel body): the walk takes rounds of gridDim.x tiles (in round r block i
@@ -49,11 +52,13 @@ constexpr bool PHASED = (MASK_KIND == 1 || MASK_KIND == 2) && !IS_THD;
 // that evens out the work of blocks over a list of tiles whose lengths fall
 // along each round, as causal tiles do longest first); one tile per block
 // (grid (batch x heads, query blocks)) runs it once, a condition that folds
-// to no loop at all. `continue` skips a tile in both.
+// to no loop at all, on the block's linear index in the grid (ragged: on
+// `thd_tile`, which fwd_tiles computes before the role split). `continue`
+// skips a tile in both.
 #define TILE_LOOP_BEGIN for (int round_base = 0, odd = 0; WALK ? round_base < total_tiles : round_base == 0; \
                              round_base += WALK ? (int)gridDim.x : 1, odd ^= 1) { \
     const int tile = WALK ? round_base + (odd ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x) \
-                          : (int)(blockIdx.x + blockIdx.y * gridDim.x); \
+                          : IS_THD ? thd_tile : (int)(blockIdx.x + blockIdx.y * gridDim.x); \
     if (WALK && tile >= total_tiles) continue;
 #define TILE_LOOP_END }
 
@@ -109,9 +114,18 @@ __device__ __forceinline__ unsigned ring_touched(int n) {
 
 // Tile t of the walk: by default all (batch, head) pairs of the last query
 // block first, so that under a causal mask the longest tiles start first.
+// A negative t (the one-tile entry's blocks past a ragged batch's real
+// tiles, see ragged_order) is no tile: n_tiles = -1.
 template <bool WALK>
 __device__ __forceinline__ Tile tile_at(const FwdParams& p, int t) {
     Tile w;
+    if constexpr (IS_THD && !WALK) {
+        if (t < 0) {
+            w.b = w.h = w.hk = w.m0 = w.sq = w.sk = w.q_off = w.k_off = w.n_begin = 0;
+            w.n_tiles = -1;
+            return w;
+        }
+    }
     const int bh_count = p.batch * p.heads_q;
     const int m = p.num_m_blocks;
     int bh, qb;                                          // (batch, head) pair; query block counted from the last
@@ -249,6 +263,17 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     if constexpr (CLUSTER_M > 1 && !WALK) {
         pair = cluster_nctarank() == 2;
         rank = cluster_ctarank();
+    }
+    // The one-tile entry's tile on ragged batches (TILE_LOOP_BEGIN): the
+    // block's linear index in the grid, or where the launcher asks the
+    // sequences longest keys first (-1: no tile), which every warp computes
+    // here, with all its lanes, so that both roles take the same tile.
+    int thd_tile = 0;
+    if constexpr (IS_THD && !WALK) {
+        thd_tile = (int)(blockIdx.x + blockIdx.y * gridDim.x);
+        if (p.ragged_order != 0 && p.batch <= RAGGED_ORDER_MAX_BATCH)
+            thd_tile = ragged_order(p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.heads_q, p.num_m_blocks, BLOCK_M,
+                                    thd_tile);
     }
 
     if (tid == 0) {

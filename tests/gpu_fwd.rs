@@ -121,6 +121,15 @@ fn cases() -> Vec<Case> {
     v.push(dense("fwd.bf16.d128.none.dense.sm90a", 1, 4, 2, 300, 2000).key_ramp(24.0));
     v.push(dense("fwd.f16.d256.causal-br.dense.sm90a", 1, 2, 2, 700, 1000).key_ramp(-0.9));
     v.push(thd("fwd.f16.d64.none.thd.sm90a", 4, 4, &[(200, 1500), (0, 7), (33, 900)]).key_ramp(16.0));
+    // Sequences out of key-length order (the one-tile entry takes them longest
+    // keys first, common/order.cuh), an empty one, queries without keys, and a
+    // longest query sequence whose keys are not the longest.
+    v.push(thd(
+        "fwd.bf16.d256.causal-br.thd.sm90a",
+        2,
+        1,
+        &[(130, 130), (0, 0), (900, 600), (257, 700), (64, 0), (1, 1)],
+    ));
     v.push(dense("fwd.bf16.d128.none.dense.sm80", 1, 4, 4, 129, 1000).key_ramp(24.0));
     v
 }
@@ -149,6 +158,10 @@ enum Entry {
     /// The one-tile entry with its causal blocks in this many phases
     /// (`LoadedKernel::set_tile_phases`; the rule's count otherwise).
     Phases(u32),
+    /// The one-tile entry with a ragged batch's sequences in batch order
+    /// (`LoadedKernel::set_ragged_order(false)`; the default takes them
+    /// longest keys first).
+    BatchOrder,
 }
 
 /// Run one case on `kernel`; `entry` chooses the entry of a kernel with a
@@ -342,6 +355,10 @@ fn run_case(
             loaded.set_persistent_grid(launch::ONE_TILE);
             loaded.set_tile_phases(n);
         }
+        Entry::BatchOrder => {
+            loaded.set_persistent_grid(launch::ONE_TILE);
+            loaded.set_ragged_order(false);
+        }
     }
     // Twice: with the LSE, then the same call without one (inference), which
     // must give O bitwise the same and leave the LSE buffer untouched.
@@ -356,6 +373,7 @@ fn run_case(
             loaded.set_persistent_grid(0);
             loaded.set_clusters(true);
             loaded.set_tile_phases(0);
+            loaded.set_ragged_order(true);
         }
         launched.expect("launch");
         // SAFETY: synchronize the context after the launch; a kernel fault surfaces here.
@@ -371,6 +389,7 @@ fn run_case(
     loaded.set_persistent_grid(0);
     loaded.set_clusters(true);
     loaded.set_tile_phases(0);
+    loaded.set_ragged_order(true);
     drop(inputs);
     let mut problems = Vec::new();
     let o_again: Vec<u16> = o_buf.download(qkv_len[3]);
@@ -523,7 +542,8 @@ fn main() {
 /// entries run on every case: the launcher's choice, the walk on 3 blocks
 /// (so that every block walks several work tiles, the suite's problems
 /// having fewer tiles than the device has SMs, and the ring and Q barriers
-/// carry across tiles) and the one-tile entry.
+/// carry across tiles) and the one-tile entry (ragged: in both sequence
+/// orders, longest keys first and batch order).
 fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel, Entry)> {
     use attnforge::plan::{
         default_fwd_tiles, default_sm90a_tiles, plan_fwd_sm80_with, plan_fwd_sm90a_with, GridRule, Sm90aFwdTiles,
@@ -556,6 +576,15 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
                 "fwd_sm90a.cu one tile per block, 3 phases",
                 (*planned).clone(),
                 Entry::Phases(3),
+            ));
+        }
+        // Ragged: the one-tile entry above takes the sequences longest keys
+        // first (common/order.cuh); this one keeps them in batch order.
+        if spec.layout == attnforge::Layout::Thd {
+            v.push((
+                "fwd_sm90a.cu one tile per block, batch order",
+                (*planned).clone(),
+                Entry::BatchOrder,
             ));
         }
         // The other tile order (query-block-major; the default is head-major),

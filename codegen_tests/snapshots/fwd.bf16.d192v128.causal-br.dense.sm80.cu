@@ -260,6 +260,7 @@ struct FwdParams {
     float softcap_post;                                  // cap * log2(e)
     int num_m_blocks;
     int tile_phases;                                     // causal one-tile order (common/order.cuh)
+    int ragged_order;                                    // ragged one-tile order: longest keys first (order.cuh)
 };
 
 

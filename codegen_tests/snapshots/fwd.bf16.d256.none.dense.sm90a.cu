@@ -42,6 +42,9 @@ constexpr bool TAIL_FIRST = false;
 constexpr int CLUSTER_M = 1;
 // The one-tile entry's blocks in phases by tile length (common/order.cuh).
 constexpr bool PHASED = (MASK_KIND == 1 || MASK_KIND == 2) && !IS_THD;
+// Ragged one-tile grids: the sequences longest keys first (common/order.cuh's
+// ragged_order, where p.ragged_order is set), up to this many sequences.
+constexpr int RAGGED_ORDER_MAX_BATCH = 64;
 
 // The work-tile loop of both entries (WALK, a template parameter of the
 // kernel body): the walk takes rounds of gridDim.x tiles (in round r block i
@@ -49,11 +52,13 @@ constexpr bool PHASED = (MASK_KIND == 1 || MASK_KIND == 2) && !IS_THD;
 // that evens out the work of blocks over a list of tiles whose lengths fall
 // along each round, as causal tiles do longest first); one tile per block
 // (grid (batch x heads, query blocks)) runs it once, a condition that folds
-// to no loop at all. `continue` skips a tile in both.
+// to no loop at all, on the block's linear index in the grid (ragged: on
+// `thd_tile`, which fwd_tiles computes before the role split). `continue`
+// skips a tile in both.
 #define TILE_LOOP_BEGIN for (int round_base = 0, odd = 0; WALK ? round_base < total_tiles : round_base == 0; \
                              round_base += WALK ? (int)gridDim.x : 1, odd ^= 1) { \
     const int tile = WALK ? round_base + (odd ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x) \
-                          : (int)(blockIdx.x + blockIdx.y * gridDim.x); \
+                          : IS_THD ? thd_tile : (int)(blockIdx.x + blockIdx.y * gridDim.x); \
     if (WALK && tile >= total_tiles) continue;
 #define TILE_LOOP_END }
 
@@ -417,9 +422,11 @@ struct FwdParams {
     float softcap_post;                                  // cap * log2(e)
     int num_m_blocks;
     int tile_phases;                                     // causal one-tile order (common/order.cuh)
+    int ragged_order;                                    // ragged one-tile order: longest keys first (order.cuh)
 };
 
-// ---- common/order.cuh: causal one-tile grids in phases by tile length -------------
+// ---- common/order.cuh: one-tile grids' block orders (causal phases, ragged) -------
+// Causal one-tile grids in phases by tile length.
 // A one-tile grid numbers its blocks head-major: (batch, head) pair after pair,
 // each pair's `tiles` work tiles in order, tile 0 the longest under a causal
 // mask (the forward's last query block, the backward's first key block). The
@@ -448,6 +455,66 @@ __device__ __forceinline__ PhaseTile phase_tile(long long lin, int tiles, int ph
         lo = hi;
     }
     return PhaseTile{(int)(lin / (tiles - lo)), lo + (int)(lin % (tiles - lo))};
+}
+
+// ---- ragged one-tile grids: the sequences longest keys first ----------------------
+// A ragged (THD) one-tile grid holds batch * heads * m blocks (m query blocks of
+// the longest sequence); in tile_at's order the sequences run in batch order,
+// and a long sequence late in the batch leaves its tiles running alone at the
+// end, with the short sequences' empty blocks among the real ones. ragged_order
+// maps block `lin` to tile_at's tile number in another order: the sequences by
+// key length, longest first (ties: the lower batch index first), each
+// head-major as in tile_at (head h's real query blocks, the last one first),
+// and -1 (no tile) for the blocks past the last real tile. Sequence b has
+// nqb = min(ceil(sq_b / block_m), m) real query blocks; its tile (h, ql),
+// ql < nqb, is tile_at's (b * heads + h) * m + (m - nqb + ql).
+// Warp-collective (all 32 lanes, batch <= 64): lane i holds sequences i and
+// i + 32; one pass over the sequences (shuffled from their lanes) sums, for
+// each held sequence, the tiles of the sequences ahead of it; a ballot finds
+// the sequence whose tiles hold `lin`. Every warp computes it before the role
+// split, so the producer's single thread needs no collective and no block-wide
+// barrier. Host mirror (tested for being a bijection onto the real tiles):
+// attnforge::plan::ragged_order.
+// `block_m`: query rows per tile (a constant at the call).
+__device__ __forceinline__ int ragged_order(const int* cu_q, const int* cu_k, int batch, int heads, int m, int block_m,
+                                            int lin) {
+    const unsigned all = 0xffffffffu;
+    const int lane = threadIdx.x % 32;
+    // Per held sequence: key length (-1 for none), real tiles, real query blocks.
+    int sk[2], nqb[2], tiles[2], ahead[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int b = lane + 32 * i;
+        sk[i] = -1;
+        nqb[i] = 0;
+        if (b < batch) {
+            const int sq = cu_q[b + 1] - cu_q[b];
+            sk[i] = cu_k[b + 1] - cu_k[b];
+            nqb[i] = min((sq + block_m - 1) / block_m, m);
+        }
+        tiles[i] = nqb[i] * heads;
+        ahead[i] = 0;
+    }
+    // Sequence j goes ahead of sequence b (j != b) when its keys are longer,
+    // or as long with j < b.
+#pragma unroll 4
+    for (int j = 0; j < batch; ++j) {
+        const bool hi = j >= 32;
+        const int skj = __shfl_sync(all, hi ? sk[1] : sk[0], j % 32);
+        const int tj = __shfl_sync(all, hi ? tiles[1] : tiles[0], j % 32);
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+            if (skj > sk[k] || (skj == sk[k] && j < lane + 32 * k)) ahead[k] += tj;
+    }
+    const unsigned in0 = __ballot_sync(all, lin >= ahead[0] && lin < ahead[0] + tiles[0]);
+    const unsigned in1 = __ballot_sync(all, lin >= ahead[1] && lin < ahead[1] + tiles[1]);
+    if ((in0 | in1) == 0u) return -1;
+    const int hi = in0 == 0u;                            // the sequence is lane + 32 * hi of lane `src`
+    const int src = __ffs(hi ? in1 : in0) - 1;
+    const int before = __shfl_sync(all, hi ? ahead[1] : ahead[0], src);
+    const int q = __shfl_sync(all, hi ? nqb[1] : nqb[0], src);
+    const int r = lin - before;
+    return ((src + 32 * hi) * heads + r / q) * m + (m - q + r % q);
 }
 
 
@@ -545,9 +612,18 @@ __device__ __forceinline__ unsigned ring_touched(int n) {
 
 // Tile t of the walk: by default all (batch, head) pairs of the last query
 // block first, so that under a causal mask the longest tiles start first.
+// A negative t (the one-tile entry's blocks past a ragged batch's real
+// tiles, see ragged_order) is no tile: n_tiles = -1.
 template <bool WALK>
 __device__ __forceinline__ Tile tile_at(const FwdParams& p, int t) {
     Tile w;
+    if constexpr (IS_THD && !WALK) {
+        if (t < 0) {
+            w.b = w.h = w.hk = w.m0 = w.sq = w.sk = w.q_off = w.k_off = w.n_begin = 0;
+            w.n_tiles = -1;
+            return w;
+        }
+    }
     const int bh_count = p.batch * p.heads_q;
     const int m = p.num_m_blocks;
     int bh, qb;                                          // (batch, head) pair; query block counted from the last
@@ -720,6 +796,17 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     if constexpr (CLUSTER_M > 1 && !WALK) {
         pair = cluster_nctarank() == 2;
         rank = cluster_ctarank();
+    }
+    // The one-tile entry's tile on ragged batches (TILE_LOOP_BEGIN): the
+    // block's linear index in the grid, or where the launcher asks the
+    // sequences longest keys first (-1: no tile), which every warp computes
+    // here, with all its lanes, so that both roles take the same tile.
+    int thd_tile = 0;
+    if constexpr (IS_THD && !WALK) {
+        thd_tile = (int)(blockIdx.x + blockIdx.y * gridDim.x);
+        if (p.ragged_order != 0 && p.batch <= RAGGED_ORDER_MAX_BATCH)
+            thd_tile = ragged_order(p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.heads_q, p.num_m_blocks, BLOCK_M,
+                                    thd_tile);
     }
 
     if (tid == 0) {
