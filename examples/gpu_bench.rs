@@ -347,19 +347,21 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                     ..base
                 },
             ];
-            // Causal blocks aligned to the start (the partial block last).
-            if plan_fwd_sm90a_with(&spec, base).tail_first {
-                tiles.push(Sm90aFwdTiles {
-                    tail_first: false,
-                    ..base
-                });
+            // The other causal alignment (end or start) and the other row sums
+            // (tensor cores or FADD) than the planner's, where the spec has them.
+            let flip_tail = Sm90aFwdTiles {
+                tail_first: !base.tail_first,
+                ..base
+            };
+            if plan_fwd_sm90a_with(&spec, flip_tail).tail_first != plan_fwd_sm90a_with(&spec, base).tail_first {
+                tiles.push(flip_tail);
             }
-            // The row sums by FADD where the planner takes them from the tensor cores.
-            if plan_fwd_sm90a_with(&spec, base).rowsum_mma {
-                tiles.push(Sm90aFwdTiles {
-                    rowsum_mma: false,
-                    ..base
-                });
+            let flip_sums = Sm90aFwdTiles {
+                rowsum_mma: !base.rowsum_mma,
+                ..base
+            };
+            if plan_fwd_sm90a_with(&spec, flip_sums).rowsum_mma != plan_fwd_sm90a_with(&spec, base).rowsum_mma {
+                tiles.push(flip_sums);
             }
             // The clusters-of-two option (K/V multicast) where the spec takes
             // it: its one-tile entry is timed as pairs and alone.
@@ -1373,7 +1375,7 @@ fn ragged_order_ab(rng: &mut rand::rngs::StdRng) {
                         figures[on as usize].push(flops / ms / 1e9);
                     }
                 }
-                lk.set_ragged_order(true);
+                lk.set_ragged_order(launch::RAGGED_ORDER_DEFAULT);
                 lk.set_persistent_grid(0);
                 let (off, on) = (median(&figures[0]), median(&figures[1]));
                 let change = (on / off - 1.0) * 100.0;

@@ -563,6 +563,12 @@ pub fn device_sm_count() -> Result<u32, LaunchError> {
     Ok(n.max(1) as u32)
 }
 
+/// Whether a loaded sm90a forward's ragged one-tile launches take the
+/// sequences longest keys first until [`LoadedKernel::set_ragged_order`]
+/// says otherwise. Off until the GPU suite and `gpu_bench --ragged-order`
+/// have run it (docs/kernels.md, session 22).
+pub const RAGGED_ORDER_DEFAULT: bool = false;
+
 /// A kernel loaded into one CUDA context.
 #[derive(Debug)]
 pub struct LoadedKernel {
@@ -689,7 +695,7 @@ impl LoadedKernel {
     }
 
     /// Let the sm90a forward's one-tile launches of ragged (THD) batches take
-    /// the sequences longest keys first (the default; `ragged_order` in
+    /// the sequences longest keys first ([`RAGGED_ORDER_DEFAULT`]; `ragged_order` in
     /// `templates/common/order.cuh`, batches up to 64 sequences), or keep
     /// tile_at's batch order (tests check both orders of the same entry;
     /// `gpu_bench --ragged-order` times them). Like [`Self::set_persistent_grid`],
@@ -873,7 +879,7 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
             persistent_grid: AtomicU32::new(0),
             clusters: AtomicBool::new(true),
             tile_phases: AtomicU32::new(0),
-            ragged_order: AtomicBool::new(true),
+            ragged_order: AtomicBool::new(RAGGED_ORDER_DEFAULT),
             slots: OnceLock::new(),
         }
     };

@@ -596,13 +596,15 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
         // Session 22: the softmax phase is issue-bound (session 17: trading
         // MUFU for FMA lost; dropping the row max won 4-7%); the row sum's
         // FADDs move to the tensor cores (~3% more tensor work at d128).
-        rowsum_mma: true,
+        // Off until the GPU suite has run it and `--ab` has timed it.
+        rowsum_mma: false,
         // Session 22: where seqlen is not a multiple of block_m (d <= 64's
         // three consumers, block_m 192, at every standard length; ragged
         // batches) the partial query block is the longest under a causal
         // mask and its rows past the end run every key tile for nothing:
         // at seqlen 512 27 warpgroup-tiles for 20 useful, aligned to the end 24.
-        tail_first: true,
+        // Off until the GPU suite has run it and `--ab` has timed it.
+        tail_first: false,
     }
 }
 
@@ -1094,8 +1096,8 @@ mod tests {
     #[test]
     fn sm90a_row_sums_on_the_tensor_cores_up_to_block_n_176() {
         use crate::spec::AttnSpec;
-        // block_n 192 (d <= 64 with softcap) keeps the FADD sums; every other
-        // default takes the tensor cores' and fits its ones block.
+        // Asked for, block_n 192 (d <= 64 with softcap) keeps the FADD sums; every
+        // other default tile takes the tensor cores' and fits its ones block.
         for s in [
             "fwd.bf16.d64.none.dense.sm90a",
             "fwd.bf16.d64.causal-tl.dense.softcap.sm90a",
@@ -1106,7 +1108,11 @@ mod tests {
             "fwd.bf16.d256.causal-br.thd.sm90a",
         ] {
             let spec: AttnSpec = s.parse().unwrap();
-            let p = plan_fwd_sm90a(&spec);
+            let on = Sm90aFwdTiles {
+                rowsum_mma: true,
+                ..default_sm90a_tiles(&spec)
+            };
+            let p = plan_fwd_sm90a_with(&spec, on);
             assert_eq!(
                 p.rowsum_mma,
                 p.block_n <= SM90A_ROWSUM_MMA_MAX_BN,
@@ -1140,10 +1146,18 @@ mod tests {
             );
             assert!(off_src.contains("constexpr bool ROWSUM_MMA = false;"), "{s}");
         }
-        let d64_softcap: AttnSpec = "fwd.bf16.d64.causal-tl.dense.softcap.sm90a".parse().unwrap();
-        assert!(!plan_fwd_sm90a(&d64_softcap).rowsum_mma);
-        let d128: AttnSpec = "fwd.bf16.d128.none.dense.sm90a".parse().unwrap();
-        assert!(plan_fwd_sm90a(&d128).rowsum_mma);
+        let with = |s: &str| {
+            let spec: AttnSpec = s.parse().unwrap();
+            plan_fwd_sm90a_with(
+                &spec,
+                Sm90aFwdTiles {
+                    rowsum_mma: true,
+                    ..default_sm90a_tiles(&spec)
+                },
+            )
+        };
+        assert!(!with("fwd.bf16.d64.causal-tl.dense.softcap.sm90a").rowsum_mma);
+        assert!(with("fwd.bf16.d128.none.dense.sm90a").rowsum_mma);
     }
 
     #[test]
@@ -1155,7 +1169,11 @@ mod tests {
             ("fwd.bf16.d64.window.thd.sm90a", false),
         ] {
             let spec: crate::spec::AttnSpec = s.parse().unwrap();
-            let p = plan_fwd_sm90a(&spec);
+            let on_tiles = Sm90aFwdTiles {
+                tail_first: true,
+                ..default_sm90a_tiles(&spec)
+            };
+            let p = plan_fwd_sm90a_with(&spec, on_tiles);
             assert_eq!(p.tail_first, on, "{s}");
             let src = crate::render::render(&p).unwrap().source;
             assert!(src.contains(&format!("constexpr bool TAIL_FIRST = {on};")), "{s}");

@@ -158,10 +158,11 @@ enum Entry {
     /// The one-tile entry with its causal blocks in this many phases
     /// (`LoadedKernel::set_tile_phases`; the rule's count otherwise).
     Phases(u32),
-    /// The one-tile entry with a ragged batch's sequences in batch order
-    /// (`LoadedKernel::set_ragged_order(false)`; the default takes them
+    /// The one-tile entry with a ragged batch's sequences in the order that
+    /// is not the default (`LoadedKernel::set_ragged_order(!RAGGED_ORDER_DEFAULT)`: longest
+    /// keys first or batch order; the default takes them
     /// longest keys first).
-    BatchOrder,
+    OtherRaggedOrder,
 }
 
 /// Run one case on `kernel`; `entry` chooses the entry of a kernel with a
@@ -355,9 +356,9 @@ fn run_case(
             loaded.set_persistent_grid(launch::ONE_TILE);
             loaded.set_tile_phases(n);
         }
-        Entry::BatchOrder => {
+        Entry::OtherRaggedOrder => {
             loaded.set_persistent_grid(launch::ONE_TILE);
-            loaded.set_ragged_order(false);
+            loaded.set_ragged_order(!launch::RAGGED_ORDER_DEFAULT);
         }
     }
     // Twice: with the LSE, then the same call without one (inference), which
@@ -373,7 +374,7 @@ fn run_case(
             loaded.set_persistent_grid(0);
             loaded.set_clusters(true);
             loaded.set_tile_phases(0);
-            loaded.set_ragged_order(true);
+            loaded.set_ragged_order(launch::RAGGED_ORDER_DEFAULT);
         }
         launched.expect("launch");
         // SAFETY: synchronize the context after the launch; a kernel fault surfaces here.
@@ -389,7 +390,7 @@ fn run_case(
     loaded.set_persistent_grid(0);
     loaded.set_clusters(true);
     loaded.set_tile_phases(0);
-    loaded.set_ragged_order(true);
+    loaded.set_ragged_order(launch::RAGGED_ORDER_DEFAULT);
     drop(inputs);
     let mut problems = Vec::new();
     let o_again: Vec<u16> = o_buf.download(qkv_len[3]);
@@ -578,13 +579,14 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
                 Entry::Phases(3),
             ));
         }
-        // Ragged: the one-tile entry above takes the sequences longest keys
-        // first (common/order.cuh); this one keeps them in batch order.
+        // Ragged: the one-tile entry above takes the sequences in the default
+        // order (launch::RAGGED_ORDER_DEFAULT), this one in the other
+        // (longest keys first, common/order.cuh, or batch order).
         if spec.layout == attnforge::Layout::Thd {
             v.push((
-                "fwd_sm90a.cu one tile per block, batch order",
+                "fwd_sm90a.cu one tile per block, other ragged order",
                 (*planned).clone(),
-                Entry::BatchOrder,
+                Entry::OtherRaggedOrder,
             ));
         }
         // The other tile order (query-block-major; the default is head-major),

@@ -34,10 +34,10 @@ constexpr bool SOFTCAP = false;
 constexpr bool LAZY_MAX = true;
 // Row sums on the tensor cores (plan's rowsum_mma): P times a block of ones
 // beside every P V k-step, in place of the softmax's FADDs.
-constexpr bool ROWSUM_MMA = true;
+constexpr bool ROWSUM_MMA = false;
 // Causal query blocks aligned to the sequence's end (plan's tail_first): the
 // partial block is the first (and shortest) one.
-constexpr bool TAIL_FIRST = true;
+constexpr bool TAIL_FIRST = false;
 // Clusters of two on the one-tile entry (plan's cluster_m; see `pair` below).
 constexpr int CLUSTER_M = 1;
 // The one-tile entry's blocks in phases by tile length (common/order.cuh).
