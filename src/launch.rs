@@ -565,9 +565,11 @@ pub fn device_sm_count() -> Result<u32, LaunchError> {
 
 /// Whether a loaded sm90a forward's ragged one-tile launches take the
 /// sequences longest keys first until [`LoadedKernel::set_ragged_order`]
-/// says otherwise. Off until the GPU suite and `gpu_bench --ragged-order`
-/// have run it (docs/kernels.md, session 22).
-pub const RAGGED_ORDER_DEFAULT: bool = false;
+/// says otherwise (head-major plans only). Session 22 on an H100
+/// (`gpu_bench --ragged-order`, docs/benchmarks/2026-12-05-s22-ab.md):
+/// +0.1..+7.3% on the bench's ragged d128/d256 problems, d256 causal
+/// +4.4% / +7.3%; the GPU suite and memcheck passed with it.
+pub const RAGGED_ORDER_DEFAULT: bool = true;
 
 /// A kernel loaded into one CUDA context.
 #[derive(Debug)]
@@ -1025,7 +1027,8 @@ pub unsafe fn launch_fwd(k: &LoadedKernel, args: &FwdArgs, stream: sys::CUstream
     let (func, grid, cluster) = k.entry(&args.problem, dims.grid);
     // The one-tile grid's causal order (read by the kernels that have one).
     params.tile_phases = k.phases_for(dims.grid.1) as i32;
-    params.ragged_order = k.ragged_order() as i32;
+    // Its tile numbers are head-major ones (the query-block-major order keeps the grid's).
+    params.ragged_order = (k.ragged_order() && k.plan.head_major) as i32;
     dims.grid = grid;
     // The sm90a forward takes its Q/K/V tensor maps after the parameter block.
     let (mut maps, n) = if k.plan.template == Template::FwdSm90a {

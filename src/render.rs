@@ -442,6 +442,11 @@ mod tests {
             ..base
         });
         assert!(!qbm.contains("Head-major") && qbm.contains("t / bh_count"));
+        // The ragged longest-first order maps to head-major tile numbers only.
+        assert!(default.contains("constexpr bool HEAD_MAJOR = true;"));
+        assert!(
+            qbm.contains("constexpr bool HEAD_MAJOR = false;") && qbm.contains("if (HEAD_MAJOR && p.ragged_order != 0")
+        );
         // One tile per block only: no walk entry.
         let one = src(Sm90aFwdTiles {
             persistent: false,

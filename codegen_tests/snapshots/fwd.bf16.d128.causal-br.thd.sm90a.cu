@@ -43,8 +43,11 @@ constexpr int CLUSTER_M = 1;
 // The one-tile entry's blocks in phases by tile length (common/order.cuh).
 constexpr bool PHASED = (MASK_KIND == 1 || MASK_KIND == 2) && !IS_THD;
 // Ragged one-tile grids: the sequences longest keys first (common/order.cuh's
-// ragged_order, where p.ragged_order is set), up to this many sequences.
+// ragged_order, where p.ragged_order is set), up to this many sequences. Its
+// tile numbers are head-major ones: the query-block-major order keeps the
+// grid's (session 22: mapped through it, blocks went missing).
 constexpr int RAGGED_ORDER_MAX_BATCH = 64;
+constexpr bool HEAD_MAJOR = true;
 
 // The work-tile loop of both entries (WALK, a template parameter of the
 // kernel body): the walk takes rounds of gridDim.x tiles (in round r block i
@@ -794,7 +797,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     int thd_tile = 0;
     if constexpr (IS_THD && !WALK) {
         thd_tile = (int)(blockIdx.x + blockIdx.y * gridDim.x);
-        if (p.ragged_order != 0 && p.batch <= RAGGED_ORDER_MAX_BATCH)
+        if (HEAD_MAJOR && p.ragged_order != 0 && p.batch <= RAGGED_ORDER_MAX_BATCH)
             thd_tile = ragged_order(p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.heads_q, p.num_m_blocks, BLOCK_M,
                                     thd_tile);
     }
