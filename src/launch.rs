@@ -599,7 +599,8 @@ pub struct LoadedKernel {
     /// ([`crate::plan::causal_tile_phases`]), else forced (tests, tuning).
     tile_phases: AtomicU32,
     /// Whether one-tile launches of ragged batches take the sequences
-    /// longest keys first; on unless a test or tuning run turns it off.
+    /// longest keys first ([`RAGGED_ORDER_DEFAULT`] until a test or tuning
+    /// run sets it; head-major plans only).
     ragged_order: AtomicBool,
     /// Blocks of the main entry that the device runs at once (SMs × the
     /// driver's occupancy), asked on first use.

@@ -444,6 +444,11 @@ mod tests {
         assert!(!qbm.contains("Head-major") && qbm.contains("t / bh_count"));
         // The ragged longest-first order maps to head-major tile numbers only.
         assert!(default.contains("constexpr bool HEAD_MAJOR = true;"));
+        // The kernel's batch limit of the order (two sequences a lane) is the host mirror's.
+        assert!(default.contains(&format!(
+            "constexpr int RAGGED_ORDER_MAX_BATCH = {};",
+            crate::plan::RAGGED_ORDER_MAX_BATCH
+        )));
         assert!(
             qbm.contains("constexpr bool HEAD_MAJOR = false;") && qbm.contains("if (HEAD_MAJOR && p.ragged_order != 0")
         );
