@@ -963,18 +963,14 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], unsigned sA, 
     };
     if constexpr (FIRST) step(0, true);
     // The k-loop only moves addresses (the accumulators are indexed by mt and
-    // np), so a partial unroll keeps everything in registers while stopping
-    // the compiler from hoisting the operands of all k-steps at once.
-    if constexpr (KSTEPS > 8) {
-        // d > 128 (the S and dP products): fully unrolled, so that each
-        // k-step's operand loads issue under the previous k-step's MMAs
-        // instead of opening a rolled trip with no product to hide them.
-#pragma unroll
-        for (int ks = FIRST ? 1 : 0; ks < KSTEPS; ++ks) step(ks, false);
-    } else {
-#pragma unroll 4
-        for (int ks = FIRST ? 1 : 0; ks < KSTEPS; ++ks) step(ks, false);
-    }
+    // np), so a partial unroll by 4 keeps everything in registers while
+    // stopping the compiler from hoisting the operands of all k-steps at once.
+    // Past 8 k-steps (d > 128: the S and dP products) it is unrolled fully, so
+    // that each k-step's loads issue under the previous k-step's MMAs instead
+    // of opening a rolled trip with no product to hide them (session 23).
+    constexpr int UNROLL = KSTEPS > 8 ? KSTEPS : 4;
+#pragma unroll UNROLL
+    for (int ks = FIRST ? 1 : 0; ks < KSTEPS; ++ks) step(ks, false);
 }
 
 // One k-step, acc[MT][NT][4] += A x B[k0 .. k0 + 16, 0 .. 8 NT): A in registers
