@@ -596,14 +596,16 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
         // Session 22: the softmax phase is issue-bound (session 17: trading
         // MUFU for FMA lost; dropping the row max won 4-7%); the row sum's
         // FADDs move to the tensor cores (~3% more tensor work at d128).
-        // Off until the GPU suite has run it and `--ab` has timed it.
+        // Off: correct on the GPU, but `--ab` measured -3.6..-10.4% at d128
+        // without a mask and at d256 (docs/benchmarks/2026-12-05-s22-ab.md).
         rowsum_mma: false,
         // Session 22: where seqlen is not a multiple of block_m (d <= 64's
         // three consumers, block_m 192, at every standard length; ragged
         // batches) the partial query block is the longest under a causal
         // mask and its rows past the end run every key tile for nothing:
         // at seqlen 512 27 warpgroup-tiles for 20 useful, aligned to the end 24.
-        // Off until the GPU suite has run it and `--ab` has timed it.
+        // Off: correct on the GPU, but tune90 measured d64 2k causal -3.2%
+        // (walk) / -9.3% (one tile) (docs/benchmarks/2026-12-05-s23-gpu.md).
         tail_first: false,
     }
 }

@@ -159,9 +159,8 @@ enum Entry {
     /// (`LoadedKernel::set_tile_phases`; the rule's count otherwise).
     Phases(u32),
     /// The one-tile entry with a ragged batch's sequences in the order that
-    /// is not the default (`LoadedKernel::set_ragged_order(!RAGGED_ORDER_DEFAULT)`: longest
-    /// keys first or batch order; the default takes them
-    /// longest keys first).
+    /// is not the default (`LoadedKernel::set_ragged_order(!RAGGED_ORDER_DEFAULT)`:
+    /// batch order while the default is longest keys first, or the reverse).
     OtherRaggedOrder,
 }
 
