@@ -157,6 +157,24 @@ fn time_back_to_back_ms(mut f: impl FnMut(), iters: usize, reps: usize) -> f64 {
 
 /// " (walk)" or " (one tile)" where the kernel has both entries: the one the
 /// launcher takes for `fa`; empty otherwise.
+/// The sm90a forward's consumers and block_n, and the variant, for the
+/// bench's template column.
+fn tile_label(k: &attnforge::CompiledKernel) -> String {
+    if k.plan.template != attnforge::plan::Template::FwdSm90a {
+        return String::new();
+    }
+    format!(
+        " {}x64 bn{}{}",
+        k.plan.block_m / 64,
+        k.plan.block_n,
+        if k.variant == attnforge::plan::Variant::ShortKeys {
+            " short-keys"
+        } else {
+            ""
+        }
+    )
+}
+
 fn entry_of(lk: &launch::LoadedKernel, fa: &FwdArgs) -> &'static str {
     match (lk.has_walk(), lk.walks(fa), lk.pairs(fa)) {
         (true, Ok(true), _) => " (walk)",
@@ -282,35 +300,40 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
 /// their cubins there), then timed at seqlen 512..16k, causal and not.
 fn tune90(rng: &mut rand::rngs::StdRng) {
     use attnforge::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
-    // Alternatives to the planner's tiles per head dim: the other consumer
-    // count (3 warpgroups are the default at d <= 64, block_m 192) and
-    // block_n. Every variant has both entries, each timed.
-    let consumers = |consumers, block_n, stages| Sm90aFwdTiles {
-        block_n,
-        stages,
-        pipelined: true,
-        pingpong: true,
-        persistent: true,
-        consumers,
-        head_major: true,
-        cluster: true,
-        rowsum_mma: true,
-        tail_first: true,
-    };
-    let alternatives: &[(usize, Vec<Sm90aFwdTiles>)] = &[
+    // Alternatives to the planner's tiles per head dim, as (consumer
+    // warpgroups, block_n, stages) on the planner's other options: the other
+    // consumer count (3 warpgroups are the default at d <= 64, block_m 192)
+    // and block_n (the short ones for short causal keys). Every variant has
+    // both entries, each timed.
+    let alternatives: &[(usize, &[(u32, u32, u32)])] = &[
         (
             64,
-            vec![
-                consumers(2, 192, 3),
-                consumers(3, 112, 3),
-                consumers(2, 128, 3),
-                consumers(2, 128, 2),
+            &[
+                (2, 192, 3),
+                (3, 112, 3),
+                (2, 128, 3),
+                (2, 128, 2),
+                (2, 96, 3),
+                (2, 64, 4),
             ],
         ),
         (
             128,
-            vec![consumers(2, 160, 2), consumers(2, 176, 2), consumers(2, 128, 2)],
+            &[
+                (2, 160, 2),
+                (2, 176, 2),
+                (2, 128, 2),
+                (2, 96, 2),
+                (2, 64, 3),
+                (3, 64, 2),
+                (3, 80, 2),
+                (3, 80, 3),
+                (3, 80, 4),
+                (3, 96, 2),
+                (3, 64, 3),
+            ],
         ),
+        (256, &[(2, 64, 2), (2, 48, 3), (2, 96, 2)]),
     ];
     // ATTNFORGE_TUNE90_D / _S: comma lists narrowing the head dims and
     // lengths to some of the standard ones; anything else is refused.
@@ -328,6 +351,7 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
     let dims = list("ATTNFORGE_TUNE90_D", &[64, 128, 256]);
     let lens = list("ATTNFORGE_TUNE90_S", &[512, 2048, 8192, 16384]);
     let mut built = Vec::new();
+    let mut todo = Vec::new();
     for &d in &dims {
         for causal in [false, true] {
             let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
@@ -336,48 +360,90 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
             // The planner's tiles, also as a module with the one-tile entry
             // alone (does the walk entry beside it cost the one-tile entry?),
             // and in the other tile order.
-            let mut tiles = vec![
-                base,
-                Sm90aFwdTiles {
+            // ATTNFORGE_TUNE90_LEAN=1: the planner's tiles and the
+            // alternatives below only (no option flips).
+            let lean = std::env::var("ATTNFORGE_TUNE90_LEAN").is_ok_and(|v| v == "1");
+            let mut tiles = vec![base];
+            if !lean {
+                tiles.push(Sm90aFwdTiles {
                     persistent: false,
                     ..base
-                },
-                Sm90aFwdTiles {
+                });
+                tiles.push(Sm90aFwdTiles {
                     head_major: !base.head_major,
                     ..base
-                },
-            ];
+                });
+            }
             // The other causal alignment (end or start) and the other row sums
             // (tensor cores or FADD) than the planner's, where the spec has them.
             let flip_tail = Sm90aFwdTiles {
                 tail_first: !base.tail_first,
                 ..base
             };
-            if plan_fwd_sm90a_with(&spec, flip_tail).tail_first != plan_fwd_sm90a_with(&spec, base).tail_first {
+            if !lean && plan_fwd_sm90a_with(&spec, flip_tail).tail_first != plan_fwd_sm90a_with(&spec, base).tail_first
+            {
                 tiles.push(flip_tail);
             }
             let flip_sums = Sm90aFwdTiles {
                 rowsum_mma: !base.rowsum_mma,
                 ..base
             };
-            if plan_fwd_sm90a_with(&spec, flip_sums).rowsum_mma != plan_fwd_sm90a_with(&spec, base).rowsum_mma {
+            if !lean && plan_fwd_sm90a_with(&spec, flip_sums).rowsum_mma != plan_fwd_sm90a_with(&spec, base).rowsum_mma
+            {
                 tiles.push(flip_sums);
             }
             // The clusters-of-two option (K/V multicast) where the spec takes
             // it: its one-tile entry is timed as pairs and alone.
             let pairs = Sm90aFwdTiles { cluster: true, ..base };
-            if plan_fwd_sm90a_with(&spec, pairs).cluster_m > 1 {
+            if !lean && plan_fwd_sm90a_with(&spec, pairs).cluster_m > 1 {
                 tiles.push(pairs);
             }
             for (ad, vs) in alternatives {
                 if *ad == d {
-                    tiles.extend(vs.iter().filter(|t| !tiles.contains(t)).copied().collect::<Vec<_>>());
+                    for &(consumers, block_n, stages) in *vs {
+                        let t = Sm90aFwdTiles {
+                            consumers,
+                            block_n,
+                            stages,
+                            ..base
+                        };
+                        if !tiles.contains(&t) {
+                            tiles.push(t);
+                        }
+                    }
                 }
             }
             for tiles in tiles {
+                todo.push((d, causal, spec, tiles));
+            }
+        }
+    }
+    // NVRTC compiles one source per thread: build the variants on every core.
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .min(todo.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|sc| {
+        for _ in 0..threads {
+            sc.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&(d, causal, spec, tiles)) = todo.get(i) else {
+                    break;
+                };
+                let r = attnforge::jit::build_plan(plan_fwd_sm90a_with(&spec, tiles));
+                results.lock().expect("results").push((i, d, causal, spec, tiles, r));
+            });
+        }
+    });
+    let mut results = results.into_inner().expect("results");
+    results.sort_by_key(|r| r.0);
+    for (_, d, causal, spec, tiles, r) in results {
+        {
+            {
                 let plan = plan_fwd_sm90a_with(&spec, tiles);
                 let (bn, st, pp) = (plan.block_n, plan.stages, plan.pingpong);
-                match attnforge::jit::build_plan(plan) {
+                match r {
                     Ok(k) => {
                         let spills = k.meta.spill_stores + k.meta.spill_loads;
                         println!(
@@ -414,7 +480,11 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
     // for the first ~50 ms after an idle pause (the A/B of 2026-12-04: +10%),
     // so timing each variant once after its own setup favours whichever
     // comes first.
-    const ROUNDS: usize = 3;
+    // ATTNFORGE_TUNE90_ROUNDS: more rounds where the spread is wide (3 by default).
+    let rounds: usize = std::env::var("ATTNFORGE_TUNE90_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
     for &s in &lens {
         for &d in &dims {
             let h = 2048 / d;
@@ -447,7 +517,7 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                 }
             }
             let mut figures = vec![Vec::new(); runs.len()];
-            for _ in 0..ROUNDS {
+            for _ in 0..rounds {
                 for (i, (causal, _, _, lk, grid, cap, _)) in runs.iter().enumerate() {
                     lk.set_persistent_grid(*cap);
                     lk.set_clusters(*grid != "tiles alone");
@@ -584,6 +654,7 @@ fn tracing_build(plan: attnforge::KernelPlan) -> attnforge::CompiledKernel {
     );
     attnforge::CompiledKernel {
         spec: plan.spec,
+        variant: attnforge::plan::Variant::Main,
         plan,
         key,
         cubin,
@@ -646,6 +717,21 @@ fn trace90(rng: &mut rand::rngs::StdRng) {
         "wait V",
     ];
     let mut built = Vec::new();
+    // ATTNFORGE_TRACE90_S: a comma list of the seqlens to trace (all six
+    // problems by default, and the causal ones at 512 only when it is set).
+    let only: Option<Vec<usize>> = std::env::var("ATTNFORGE_TRACE90_S")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .map(|v| {
+            v.split(',')
+                .map(|x| x.trim().parse().expect("ATTNFORGE_TRACE90_S: a comma list of seqlens"))
+                .collect()
+        });
+    let causal_short = if only.is_some() {
+        vec![(64usize, true, 512usize), (128, true, 512), (256, true, 512)]
+    } else {
+        vec![]
+    };
     for (d, causal, s) in [
         (128usize, false, 512usize),
         (128, false, 2048),
@@ -653,7 +739,11 @@ fn trace90(rng: &mut rand::rngs::StdRng) {
         (64, false, 512),
         (256, false, 512),
         (256, false, 2048),
-    ] {
+    ]
+    .into_iter()
+    .chain(causal_short)
+    .filter(|(_, _, s)| only.as_ref().is_none_or(|o| o.contains(s)))
+    {
         let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
         let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, Arch::Sm90a);
         built.push((
@@ -1061,6 +1151,8 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
         (false, 128, false, 2048),
         (false, 256, false, 2048),
         (false, 128, false, 8192),
+        (false, 128, true, 2048),
+        (false, 128, true, 8192),
         (false, 128, true, 16384),
         (false, 256, true, 16384),
         (true, 64, false, 8192),
@@ -1493,7 +1585,9 @@ fn main() {
                 let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
                 let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, arch);
                 let t0 = Instant::now();
-                let k = match attnforge::get_or_build(&spec) {
+                // The kernel a call of this length takes (the short-keys variant where the spec has one).
+                let variant = attnforge::plan::Variant::for_keys(&spec, s as u32);
+                let k = match attnforge::Jit::global().get_or_build_variant(&spec, variant) {
                     Ok(k) => k,
                     Err(e) => {
                         eprintln!("{spec}: {e}");
@@ -1529,7 +1623,7 @@ fn main() {
                     "impl": "attnforge", "spec": spec.to_string(), "b": b, "h": h, "s": s, "d": d,
                     "causal": causal, "fwd_ms": ms, "fwd_tflops": tf, "registers": k.meta.registers,
                     "fwd_tflops_back_to_back": flops / b2b_ms / 1e9,
-                    "template": format!("{}{entry}", k.plan.template.file()),
+                    "template": format!("{}{entry}{}", k.plan.template.file(), tile_label(&k)),
                 });
                 // The sm80 instruction path on the same problem, where the planner chose another template.
                 if let Some(tf80) = time_sm80_path(&spec, &k, &fa, flops) {
@@ -1615,7 +1709,9 @@ fn main() {
         for causal in [false, true] {
             let mask = if causal { Mask::CausalBottomRight } else { Mask::None };
             let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Thd, arch);
-            let Ok(k) = attnforge::get_or_build(&spec) else {
+            let max_len = lens.iter().copied().max().unwrap_or(0) as u32;
+            let variant = attnforge::plan::Variant::for_keys(&spec, max_len);
+            let Ok(k) = attnforge::Jit::global().get_or_build_variant(&spec, variant) else {
                 continue;
             };
             let lk = launch::load(&k).expect("load");
@@ -1636,7 +1732,7 @@ fn main() {
             let mut row = serde_json::json!({
                 "impl": "attnforge", "spec": spec.to_string(), "ragged_lens": lens, "h": h, "d": d,
                 "causal": causal, "fwd_ms": ms, "fwd_tflops": tf, "registers": k.meta.registers,
-                "template": format!("{}{entry}", k.plan.template.file()),
+                "template": format!("{}{entry}{}", k.plan.template.file(), tile_label(&k)),
             });
             if let Some(tf80) = time_sm80_path(&spec, &k, &fa, flops) {
                 row["fwd_sm80_tflops"] = tf80.into();

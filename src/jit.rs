@@ -12,7 +12,7 @@ use attnforge_cache::{Cache, CacheConfig, CacheKey, KernelMeta, KeyBuilder, Look
 
 use crate::compile::{CompileRequest, Emit, Nvrtc};
 use crate::error::Error;
-use crate::plan::{plan, KernelPlan};
+use crate::plan::{plan_variant, KernelPlan, Variant};
 use crate::render::{render, templates_fingerprint, Rendered};
 use crate::spec::AttnSpec;
 
@@ -31,6 +31,8 @@ pub enum Origin {
 #[derive(Debug, Clone)]
 pub struct CompiledKernel {
     pub spec: AttnSpec,
+    /// Which of the spec's plans this is ([`Variant::Main`] for the planner's).
+    pub variant: Variant,
     pub plan: KernelPlan,
     pub key: CacheKey,
     pub cubin: Vec<u8>,
@@ -88,11 +90,12 @@ pub fn compile_options(plan: &KernelPlan) -> Vec<String> {
     req.effective_options()
 }
 
-/// A cache plus an in-process memo and per-spec build locks.
+/// A cache plus an in-process memo and per-kernel build locks, keyed by
+/// (spec, variant).
 pub struct Jit {
     cache: Cache,
-    memo: RwLock<HashMap<AttnSpec, Arc<CompiledKernel>>>,
-    building: Mutex<HashMap<AttnSpec, Arc<Mutex<()>>>>,
+    memo: RwLock<HashMap<(AttnSpec, Variant), Arc<CompiledKernel>>>,
+    building: Mutex<HashMap<(AttnSpec, Variant), Arc<Mutex<()>>>>,
     nvrtc_version: OnceLock<String>,
 }
 
@@ -106,8 +109,10 @@ pub struct BuildReport {
 }
 
 impl BuildReport {
+    #[allow(clippy::too_many_arguments)]
     fn new(
         spec: &AttnSpec,
+        variant: Variant,
         plan: KernelPlan,
         key: CacheKey,
         cubin: Vec<u8>,
@@ -117,6 +122,7 @@ impl BuildReport {
     ) -> Self {
         let kernel = Arc::new(CompiledKernel {
             spec: *spec,
+            variant,
             plan,
             key,
             cubin,
@@ -233,19 +239,36 @@ impl Jit {
         Ok(version)
     }
 
-    /// Memo lookup only (the hot path).
+    /// Memo lookup only (the hot path), of the planner's kernel.
     #[inline]
     pub fn memo_get(&self, spec: &AttnSpec) -> Option<Arc<CompiledKernel>> {
-        self.memo.read().ok()?.get(spec).cloned()
+        self.memo_get_variant(spec, Variant::Main)
+    }
+
+    /// Memo lookup only, of one variant of the spec.
+    #[inline]
+    pub fn memo_get_variant(&self, spec: &AttnSpec, variant: Variant) -> Option<Arc<CompiledKernel>> {
+        self.memo.read().ok()?.get(&(*spec, variant)).cloned()
     }
 
     pub fn get_or_build(&self, spec: &AttnSpec) -> Result<Arc<CompiledKernel>, Error> {
         Ok(self.build(spec)?.kernel)
     }
 
+    /// One variant of the spec's kernel; a spec without that variant gets
+    /// its main kernel (so a caller may ask [`Variant::for_keys`] blindly).
+    pub fn get_or_build_variant(&self, spec: &AttnSpec, variant: Variant) -> Result<Arc<CompiledKernel>, Error> {
+        Ok(self.build_variant(spec, variant)?.kernel)
+    }
+
     /// Like [`Jit::get_or_build`], reporting where the kernel came from.
     pub fn build(&self, spec: &AttnSpec) -> Result<BuildReport, Error> {
-        if let Some(k) = self.memo_get(spec) {
+        self.build_variant(spec, Variant::Main)
+    }
+
+    /// Like [`Jit::get_or_build_variant`], reporting where the kernel came from.
+    pub fn build_variant(&self, spec: &AttnSpec, variant: Variant) -> Result<BuildReport, Error> {
+        if let Some(k) = self.memo_get_variant(spec, variant) {
             return Ok(BuildReport {
                 kernel: k,
                 origin: Origin::Memo,
@@ -257,25 +280,31 @@ impl Jit {
                 .building
                 .lock()
                 .map_err(|_| Error::Other("build lock poisoned".into()))?;
-            b.entry(*spec).or_default().clone()
+            b.entry((*spec, variant)).or_default().clone()
         };
         let _guard = lock.lock().map_err(|_| Error::Other("build lock poisoned".into()))?;
-        if let Some(k) = self.memo_get(spec) {
+        if let Some(k) = self.memo_get_variant(spec, variant) {
             return Ok(BuildReport {
                 kernel: k,
                 origin: Origin::Memo,
                 repaired: None,
             });
         }
-        let report = self.build_uncached(spec)?;
+        let report = self.build_uncached(spec, variant)?;
         if let Ok(mut m) = self.memo.write() {
-            m.insert(*spec, report.kernel.clone());
+            m.insert((*spec, variant), report.kernel.clone());
         }
         Ok(report)
     }
 
-    fn build_uncached(&self, spec: &AttnSpec) -> Result<BuildReport, Error> {
-        let plan = plan(spec)?;
+    fn build_uncached(&self, spec: &AttnSpec, variant: Variant) -> Result<BuildReport, Error> {
+        let (variant, plan) = match plan_variant(spec, variant)? {
+            Some(p) => (variant, p),
+            None => (
+                Variant::Main,
+                plan_variant(spec, Variant::Main)?.ok_or_else(|| Error::Other("no main plan".into()))?,
+            ),
+        };
         let options = compile_options(&plan);
         let nvrtc_version = match self.nvrtc_version() {
             Ok(v) => v,
@@ -285,7 +314,16 @@ impl Jit {
                 let any = alias_key(&plan, ANY_NVRTC, &options);
                 if let Some(key) = self.read_alias(&any) {
                     if let Lookup::Hit { cubin, meta, .. } = self.cache.get(&key) {
-                        return Ok(BuildReport::new(spec, plan, key, cubin, meta, Origin::Disk, None));
+                        return Ok(BuildReport::new(
+                            spec,
+                            variant,
+                            plan,
+                            key,
+                            cubin,
+                            meta,
+                            Origin::Disk,
+                            None,
+                        ));
                     }
                 }
                 return Err(e);
@@ -296,7 +334,16 @@ impl Jit {
         let alias = alias_key(&plan, &nvrtc_version, &options);
         if let Some(key) = self.read_alias(&alias) {
             if let Lookup::Hit { cubin, meta, .. } = self.cache.get(&key) {
-                return Ok(BuildReport::new(spec, plan, key, cubin, meta, Origin::Disk, None));
+                return Ok(BuildReport::new(
+                    spec,
+                    variant,
+                    plan,
+                    key,
+                    cubin,
+                    meta,
+                    Origin::Disk,
+                    None,
+                ));
             }
         }
         let rendered = render(&plan)?;
@@ -305,7 +352,16 @@ impl Jit {
         match self.cache.get(&key) {
             Lookup::Hit { cubin, meta, .. } => {
                 self.write_aliases(&plan, &alias, &options, &key);
-                return Ok(BuildReport::new(spec, plan, key, cubin, meta, Origin::Disk, None));
+                return Ok(BuildReport::new(
+                    spec,
+                    variant,
+                    plan,
+                    key,
+                    cubin,
+                    meta,
+                    Origin::Disk,
+                    None,
+                ));
             }
             Lookup::Corrupt { path, reason } => {
                 let msg = format!("corrupt cache entry {} ({reason}); recompiling", path.display());
@@ -319,6 +375,7 @@ impl Jit {
         self.write_aliases(&plan, &alias, &options, &key);
         Ok(BuildReport::new(
             spec,
+            variant,
             plan,
             key,
             cubin,
@@ -388,6 +445,7 @@ pub fn build_plan(plan: KernelPlan) -> Result<CompiledKernel, Error> {
     let (cubin, meta) = compile_plan(&plan, &rendered, nvrtc)?;
     Ok(CompiledKernel {
         spec: plan.spec,
+        variant: Variant::Main,
         plan,
         key,
         cubin,
@@ -405,7 +463,7 @@ pub fn get_or_build(spec: &AttnSpec) -> Result<Arc<CompiledKernel>, Error> {
 mod tests {
     use super::*;
     use crate::compile::CompileError;
-    use crate::plan::{default_fwd_tiles, plan_fwd_sm80_with, Template};
+    use crate::plan::{default_fwd_tiles, plan, plan_fwd_sm80_with, Template};
 
     #[test]
     fn build_plan_compiles_a_plan_the_planner_did_not_choose() {

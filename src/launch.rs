@@ -992,7 +992,7 @@ pub fn walk_grid(
     let d = plan.head_dim_qk_padded.max(plan.head_dim_v_padded);
     let cap = match cap {
         _ if one_tile.1 > 65535 => resident,
-        0 if crate::plan::sm90a_walk_pays(p.seqlen_k, d, plan.spec.mask != Mask::None) => resident,
+        0 if crate::plan::sm90a_walk_pays(p.seqlen_k, d, plan.spec.mask != Mask::None, plan.block_m / 64) => resident,
         0 | ONE_TILE => return None,
         c => c,
     };
@@ -1424,7 +1424,7 @@ mod tests {
         // The planner's default: one block per work tile, in (batch x heads, query blocks).
         let one = plan(&spec).unwrap();
         let (_, dims) = check_fwd(&one, &dense_args(2, 8, 2, 1000, 700, 128)).unwrap().unwrap();
-        assert_eq!(dims.grid, (16, 1000u32.div_ceil(128), 1));
+        assert_eq!(dims.grid, (16, 1000u32.div_ceil(one.block_m), 1));
         // Its tile index (x + y * gridDim.x) is an int too: more tiles are refused
         // (2^20 x 2^11 (batch x heads) x 1 query block = 2^31).
         let many = dense_args(1 << 20, 1 << 11, 1 << 11, 64, 64, 128);

@@ -401,7 +401,8 @@ fn fwd_sm90a_smem(block_m: u32, block_n: u32, stages: u32, qk_chunks: u32, v_chu
 /// Whether the sm90a forward should take its persistent walk entry
 /// ([`GridRule::TilesOrWalk`]) for keys this long (dense `seqlen_k`, ragged
 /// maximum) at head dim `d` (the larger of d_qk and d_v), `masked` when the
-/// spec has a mask. H200, 2026-12-04 (`gpu_bench --tune90`, same process,
+/// spec has a mask, with `consumers` consumer warpgroups (block_m / 64). H200,
+/// 2026-12-04 (`gpu_bench --tune90`, same process,
 /// docs/benchmarks/2026-12-04-s9-tune90.md and -s10-tune90.md): the walk
 /// overlaps a tile's epilogue with the next one's Q load and wins where tiles
 /// are short (seqlen 512: +5..11% at every head dim but d256 causal, -3.5%
@@ -410,8 +411,98 @@ fn fwd_sm90a_smem(block_m: u32, block_n: u32, stages: u32, qk_chunks: u32, v_chu
 /// 3..20% faster (a static walk cannot balance causal tile lengths as the
 /// hardware's block dispatch does), and the walk given one block per tile
 /// ran 10..15% under the one-tile entry (d128 8k: 614 vs 719 TFLOP/s).
-pub fn sm90a_walk_pays(seqlen_k: u32, d: u32, masked: bool) -> bool {
-    seqlen_k <= SM90A_WALK_MAX_KEYS || (d <= 64 && masked && seqlen_k <= 2 * SM90A_WALK_MAX_KEYS)
+/// H100, 2026-12-05 (session 24, tune90, docs/benchmarks/2026-12-05-s24-gpu.md):
+/// d256 causal at seqlen 512 runs 11% faster one tile per block (282 vs 254),
+/// so past d128 a mask keeps one tile per block; three consumers under a
+/// mask walk up to 2k (d128 causal 2k: 487 walk vs 472 one tile).
+pub fn sm90a_walk_pays(seqlen_k: u32, d: u32, masked: bool, consumers: u32) -> bool {
+    if masked && d > 128 {
+        return false;
+    }
+    seqlen_k <= SM90A_WALK_MAX_KEYS || (masked && (d <= 64 || consumers >= 3) && seqlen_k <= 2 * SM90A_WALK_MAX_KEYS)
+}
+
+/// A second plan of the same spec that the launcher takes per call, by the
+/// length of the keys (see [`Variant::for_keys`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum Variant {
+    /// The planner's plan ([`plan`]).
+    #[default]
+    Main,
+    /// Short keys (at most [`SHORT_KEYS_MAX`]) under a causal mask, where
+    /// the main plan has three consumer warpgroups (block_m 192): two
+    /// consumers at block_n 128 (block_m 128), which cover the causal
+    /// triangle with fewer wasted rows ([`short_keys_tiles`]).
+    ShortKeys,
+}
+
+/// The longest keys (dense `seqlen_k`, ragged maximum) that take
+/// [`Variant::ShortKeys`] where a spec has one.
+pub const SHORT_KEYS_MAX: u32 = 1024;
+
+impl Variant {
+    /// The variant a call with keys this long takes (dense `seqlen_k`,
+    /// ragged `max_seqlen_k`). Pure and cheap (the hot path asks it).
+    pub fn for_keys(spec: &AttnSpec, seqlen_k: u32) -> Variant {
+        if seqlen_k <= SHORT_KEYS_MAX && short_keys_tiles(spec).is_some() {
+            Variant::ShortKeys
+        } else {
+            Variant::Main
+        }
+    }
+
+    /// A suffix for file names and logs: "" for the main plan.
+    pub const fn suffix(self) -> &'static str {
+        match self {
+            Variant::Main => "",
+            Variant::ShortKeys => ".short",
+        }
+    }
+}
+
+/// The tiles of [`Variant::ShortKeys`] for `spec`, if it has that variant:
+/// sm90a forwards with a causal mask whose main plan has three consumer
+/// warpgroups. H200 (session 14) and H100 (sessions 23 and 24, tune90,
+/// docs/benchmarks/2026-12-05-s24-gpu.md): at seqlen 512, 192-row query tiles
+/// cover the causal triangle with 59% useful scores (128-row tiles: 80%) and
+/// leave a consumer idle in the last tile; two consumers at block_n 128 ran
+/// d64 217.6 vs 189.4 TFLOP/s (+15%) and d128 291.5 vs 252.7 (+15%) on the
+/// walk, while at 2k three consumers are ahead (d64 368 vs 335, d128 487 vs 472).
+pub fn short_keys_tiles(spec: &AttnSpec) -> Option<Sm90aFwdTiles> {
+    if spec.direction != Direction::Fwd
+        || spec.arch != Arch::Sm90a
+        || !matches!(spec.mask, Mask::CausalTopLeft | Mask::CausalBottomRight)
+        || spec.validate().is_err()
+    {
+        return None;
+    }
+    let main = default_sm90a_tiles(spec);
+    (main.consumers >= 3).then_some(Sm90aFwdTiles {
+        consumers: 2,
+        block_n: 128,
+        stages: 2,
+        ..main
+    })
+}
+
+/// The plan of one variant of a spec: [`plan`] for [`Variant::Main`],
+/// `None` where the spec has no such variant.
+pub fn plan_variant(spec: &AttnSpec, variant: Variant) -> Result<Option<KernelPlan>, PlanError> {
+    match variant {
+        Variant::Main => plan(spec).map(Some),
+        Variant::ShortKeys => Ok(short_keys_tiles(spec).map(|tiles| {
+            let mut p = plan_fwd_sm90a_with(spec, tiles);
+            p.reasons.insert(
+                0,
+                format!(
+                    "variant for short keys (at most {SHORT_KEYS_MAX}, chosen per call): two consumer warpgroups at \
+                     block_n 128 instead of the main plan's three (block_m 192 covers a short causal triangle with \
+                     more wasted rows; measured +15% at seqlen 512)"
+                ),
+            );
+            p
+        })),
+    }
 }
 
 /// Phases of a causal one-tile grid (`common/order.cuh`): a head's `tiles`
@@ -574,6 +665,21 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
         (128, 3, 3)
     } else if dmax <= 128 && spec.mask == Mask::None && !spec.softcap {
         (176, 2, SM90A_CONSUMERS)
+    } else if dmax <= 128
+        && spec.layout == Layout::Dense
+        && matches!(spec.mask, Mask::CausalTopLeft | Mask::CausalBottomRight)
+        && !spec.softcap
+    {
+        // H100, 2026-12-05 (session 24, tune90, 5 interleaved rounds,
+        // docs/benchmarks/2026-12-05-s24-gpu.md): three consumers at block_n
+        // 80 (S 40 + P 20 + O 64 of 160 registers) against two at 128, d128
+        // causal: 8k 648 vs 599 (+8%), 16k 663 vs 638, 2k 491 (walk) vs 472
+        // (one tile); 512 loses 13%, which [`Variant::ShortKeys`] takes.
+        // Without a mask no gain (8k 657-668 vs 684 at 176). Same-process
+        // A/B on an H200 (`--ab`): 2k +4.3%, 8k +5.1%, 16k +3.1%, but the
+        // bench's ragged batch -1.4% (more padded rows per sequence at
+        // block_m 192), so dense only.
+        (80, 3, 3)
     } else if dmax <= 128 {
         (128, 2, SM90A_CONSUMERS)
     } else if dmax <= 192 {
@@ -734,9 +840,18 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
     reasons.push(if persistent {
         format!(
             "two entries: one block per work tile, and a persistent walk that the launcher takes for keys up to \
-             {SM90A_WALK_MAX_KEYS} ({} at d <= 64 under a mask): the resident blocks walk the tiles in a snake over \
-             rounds of the grid, loading the next tile's Q under this tile's last P V and epilogue",
-            2 * SM90A_WALK_MAX_KEYS
+             {}: the resident blocks walk the tiles in a snake over rounds of the grid, loading the next tile's Q \
+             under this tile's last P V and epilogue",
+            if spec.mask != Mask::None && dmax > 128 {
+                "none under a mask past d128 (one tile per block measured +11% at d256 causal, seqlen 512)".to_string()
+            } else if spec.mask != Mask::None && (dmax <= 64 || consumers >= 3) {
+                format!(
+                    "{} (under a mask, with three consumers or at d <= 64)",
+                    2 * SM90A_WALK_MAX_KEYS
+                )
+            } else {
+                SM90A_WALK_MAX_KEYS.to_string()
+            }
         )
     } else {
         "one block per work tile".into()
@@ -823,6 +938,64 @@ impl fmt::Display for KernelPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_keys_variant_only_where_the_main_plan_has_three_consumers_under_a_causal_mask() {
+        use crate::spec::DType;
+        let fwd = |d, mask, arch| AttnSpec::fwd(DType::Bf16, d, mask, Layout::Dense, arch);
+        let causal = [Mask::CausalTopLeft, Mask::CausalBottomRight];
+        for mask in causal {
+            for d in [64, 128] {
+                let spec = fwd(d, mask, Arch::Sm90a);
+                assert_eq!(default_sm90a_tiles(&spec).consumers, 3, "{spec}");
+                assert_eq!(Variant::for_keys(&spec, 512), Variant::ShortKeys, "{spec}");
+                assert_eq!(Variant::for_keys(&spec, SHORT_KEYS_MAX), Variant::ShortKeys, "{spec}");
+                assert_eq!(Variant::for_keys(&spec, SHORT_KEYS_MAX + 1), Variant::Main, "{spec}");
+                let short = plan_variant(&spec, Variant::ShortKeys)
+                    .unwrap()
+                    .expect("a short-keys plan");
+                let main = plan_variant(&spec, Variant::Main).unwrap().unwrap();
+                assert_eq!((short.block_m, short.block_n), (128, 128), "{spec}");
+                assert_eq!(main.block_m, 192, "{spec}");
+                assert!(short.reasons[0].contains("short keys"), "{spec}: {:?}", short.reasons);
+                // Same spec, same entry symbol and template: only the tiles differ.
+                assert_eq!(
+                    (short.spec, &short.entry, short.template),
+                    (main.spec, &main.entry, main.template)
+                );
+                assert_ne!(short, main);
+            }
+        }
+        // No variant: no mask or a window (three consumers at d64 all the
+        // same), two consumers (d256, softcap), the sm80 path, the backward.
+        let softcap = AttnSpec {
+            softcap: true,
+            ..fwd(64, Mask::CausalTopLeft, Arch::Sm90a)
+        };
+        let bwd = AttnSpec {
+            direction: Direction::Bwd,
+            ..fwd(64, Mask::CausalTopLeft, Arch::Sm90a)
+        };
+        for spec in [
+            fwd(64, Mask::None, Arch::Sm90a),
+            fwd(64, Mask::SlidingWindow, Arch::Sm90a),
+            fwd(128, Mask::None, Arch::Sm90a),
+            fwd(256, Mask::CausalTopLeft, Arch::Sm90a),
+            fwd(64, Mask::CausalTopLeft, Arch::Sm80),
+            softcap,
+            bwd,
+        ] {
+            assert!(short_keys_tiles(&spec).is_none(), "{spec}");
+            assert_eq!(Variant::for_keys(&spec, 128), Variant::Main, "{spec}");
+            assert!(plan_variant(&spec, Variant::ShortKeys).unwrap().is_none(), "{spec}");
+        }
+        // Ragged causal specs with three consumers have it too (the keys'
+        // maximum picks it); ragged d128 keeps two consumers, and no variant.
+        let thd = |d| AttnSpec::fwd(DType::F16, d, Mask::CausalBottomRight, Layout::Thd, Arch::Sm90a);
+        assert_eq!(Variant::for_keys(&thd(64), 700), Variant::ShortKeys);
+        assert_eq!(default_sm90a_tiles(&thd(128)).consumers, 2);
+        assert_eq!(Variant::for_keys(&thd(128), 700), Variant::Main);
+    }
 
     #[test]
     fn phase_tile_is_a_bijection_that_runs_long_tiles_first() {
@@ -1273,14 +1446,25 @@ mod tests {
         }
         for d in [64, 128, 256] {
             for masked in [false, true] {
-                assert!(sm90a_walk_pays(512, d, masked) && sm90a_walk_pays(SM90A_WALK_MAX_KEYS, d, masked));
-                assert!(!sm90a_walk_pays(4096, d, masked));
-                assert_eq!(sm90a_walk_pays(2048, d, masked), d <= 64 && masked);
+                for consumers in [2, 3] {
+                    let walks = |s| sm90a_walk_pays(s, d, masked, consumers);
+                    // Past d128 a mask keeps one tile per block at any length.
+                    assert_eq!(walks(512) && walks(SM90A_WALK_MAX_KEYS), !(masked && d > 128));
+                    assert!(!walks(4096));
+                    assert_eq!(walks(2048), masked && d <= 128 && (d <= 64 || consumers == 3));
+                }
             }
         }
-        // block_n 176 at d128 only without a mask.
-        let bn = |mask| default_sm90a_tiles(&AttnSpec::fwd(DType::Bf16, 128, mask, Layout::Dense, Arch::Sm90a)).block_n;
-        assert_eq!((bn(Mask::None), bn(Mask::CausalTopLeft)), (176, 128));
+        // block_n 176 at d128 only without a mask; three consumers at 80 under a dense causal mask.
+        let tiles = |mask| default_sm90a_tiles(&AttnSpec::fwd(DType::Bf16, 128, mask, Layout::Dense, Arch::Sm90a));
+        assert_eq!((tiles(Mask::None).block_n, tiles(Mask::None).consumers), (176, 2));
+        for mask in [Mask::CausalTopLeft, Mask::CausalBottomRight] {
+            assert_eq!((tiles(mask).block_n, tiles(mask).consumers), (80, 3));
+        }
+        assert_eq!(
+            (tiles(Mask::SlidingWindow).block_n, tiles(Mask::SlidingWindow).consumers),
+            (128, 2)
+        );
         let softcap = AttnSpec {
             softcap: true,
             ..AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Thd, Arch::Sm90a)

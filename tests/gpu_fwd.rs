@@ -546,8 +546,8 @@ fn main() {
 /// orders, longest keys first and batch order).
 fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel, Entry)> {
     use attnforge::plan::{
-        default_fwd_tiles, default_sm90a_tiles, plan_fwd_sm80_with, plan_fwd_sm90a_with, GridRule, Sm90aFwdTiles,
-        Template,
+        default_fwd_tiles, default_sm90a_tiles, plan_fwd_sm80_with, plan_fwd_sm90a_with, plan_variant,
+        short_keys_tiles, GridRule, Sm90aFwdTiles, Template, Variant,
     };
     let planned = attnforge::get_or_build(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
     let mut v = vec![(planned.plan.template.file(), (*planned).clone(), Entry::Rule)];
@@ -622,7 +622,7 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
             let tiles = if base.consumers == 3 {
                 Sm90aFwdTiles {
                     consumers: 2,
-                    block_n: 192,
+                    block_n: if dmax <= 64 { 192 } else { 128 },
                     ..base
                 }
             } else {
@@ -632,11 +632,18 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
                     ..base
                 }
             };
-            jobs.push((
-                "fwd_sm90a.cu other consumer count",
-                plan_fwd_sm90a_with(spec, tiles),
-                Entry::Rule,
-            ));
+            if Some(tiles) != short_keys_tiles(spec) {
+                jobs.push((
+                    "fwd_sm90a.cu other consumer count",
+                    plan_fwd_sm90a_with(spec, tiles),
+                    Entry::Rule,
+                ));
+            }
+        }
+        // The variant that calls with short keys take (two consumers where
+        // the planner has three), on the launcher's entry for the case.
+        if let Some(short) = plan_variant(spec, Variant::ShortKeys).unwrap_or_else(|e| panic!("{spec}: {e}")) {
+            jobs.push(("fwd_sm90a.cu short-keys variant", short, Entry::Rule));
         }
     }
     if planned.plan.template != Template::FwdSm80 {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use attnforge::compile::{CompileRequest, Emit, Nvrtc};
 use attnforge::jit::{Jit, Origin};
+use attnforge::plan::{short_keys_tiles, Variant};
 use attnforge::{launch, matrix, plan, render, Arch, AttnSpec};
 use attnforge_cache::{format_size, parse_size, Cache, CacheConfig};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -119,6 +120,10 @@ enum PathArg {
     Planner,
     /// The sm80 instruction path (`fwd_sm80.cu` / `bwd_sm80.cu`).
     Sm80,
+    /// The planner's variant for short causal keys (at most 1024), which a
+    /// call takes by its keys' length where the spec has one (sm90a forwards
+    /// whose main plan has three consumer warpgroups).
+    ShortKeys,
 }
 
 /// The plan of `spec` on the requested instruction path.
@@ -126,6 +131,16 @@ fn plan_on(spec: &AttnSpec, path: PathArg) -> Result<attnforge::plan::KernelPlan
     match path {
         PathArg::Planner => plan(spec),
         PathArg::Sm80 => attnforge::plan::plan_sm80_path(spec),
+        PathArg::ShortKeys => {
+            return attnforge::plan::plan_variant(spec, Variant::ShortKeys)
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| {
+                    format!(
+                        "{spec} has no short-keys variant (only sm90a forwards with a causal mask whose plan has three \
+                         consumer warpgroups do): its plan serves every length"
+                    )
+                })
+        }
     }
     .map_err(|e| e.to_string())
 }
@@ -178,6 +193,15 @@ fn prebuild(arch: &[String], matrix_arg: &str, jobs: Option<usize>, quiet: bool)
         std::fs::read_to_string(matrix_arg).map_err(|e| format!("cannot read matrix file {matrix_arg}: {e}"))?
     };
     let specs = matrix::expand(&text, &archs).map_err(|e| format!("{matrix_arg}: {e}"))?;
+    // Every kernel a call may take: the planner's, and the short-keys variant
+    // where the spec has one (chosen per call by the keys' length).
+    let kernels: Vec<(AttnSpec, Variant)> = specs
+        .iter()
+        .flat_map(|s| {
+            let short = short_keys_tiles(s).map(|_| (*s, Variant::ShortKeys));
+            std::iter::once((*s, Variant::Main)).chain(short)
+        })
+        .collect();
     // Fail early, with the real reason, when NVRTC is missing.
     Nvrtc::get().map_err(|e| e.to_string())?;
     let jit = Jit::new(Cache::open(CacheConfig::from_env()));
@@ -188,7 +212,7 @@ fn prebuild(arch: &[String], matrix_arg: &str, jobs: Option<usize>, quiet: bool)
     let bar = if quiet || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         ProgressBar::hidden()
     } else {
-        ProgressBar::new(specs.len() as u64)
+        ProgressBar::new(kernels.len() as u64)
     };
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}")
@@ -201,12 +225,13 @@ fn prebuild(arch: &[String], matrix_arg: &str, jobs: Option<usize>, quiet: bool)
     let failures: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let compile_ms: Mutex<Vec<f64>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
-        for _ in 0..jobs.min(specs.len().max(1)) {
+        for _ in 0..jobs.min(kernels.len().max(1)) {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(spec) = specs.get(i) else { break };
-                bar.set_message(spec.to_string());
-                match jit.build(spec) {
+                let Some(&(spec, variant)) = kernels.get(i) else { break };
+                let name = format!("{spec}{}", variant.suffix());
+                bar.set_message(name.clone());
+                match jit.build_variant(&spec, variant) {
                     Ok(r) => {
                         if r.origin == Origin::Compiled {
                             compiled.fetch_add(1, Ordering::Relaxed);
@@ -221,7 +246,7 @@ fn prebuild(arch: &[String], matrix_arg: &str, jobs: Option<usize>, quiet: bool)
                         }
                     }
                     Err(e) => {
-                        let line = format!("{spec}: {e}");
+                        let line = format!("{name}: {e}");
                         bar.println(format!("FAILED {line}"));
                         if let Ok(mut f) = failures.lock() {
                             f.push(line);
@@ -241,8 +266,9 @@ fn prebuild(arch: &[String], matrix_arg: &str, jobs: Option<usize>, quiet: bool)
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| "<memory>".into());
     println!(
-        "prebuild: {} specs for {} into {root}: {} compiled, {} cached, {} failed in {:.1}s ({} jobs); median compile {}",
+        "prebuild: {} specs ({} kernels with the short-keys variants) for {} into {root}: {} compiled, {} cached, {} failed in {:.1}s ({} jobs); median compile {}",
         specs.len(),
+        kernels.len(),
         archs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(","),
         compiled.load(Ordering::Relaxed),
         cached.load(Ordering::Relaxed),
@@ -255,9 +281,9 @@ fn prebuild(arch: &[String], matrix_arg: &str, jobs: Option<usize>, quiet: bool)
         Ok(())
     } else {
         Err(format!(
-            "{} of {} specs failed to build (first: {})",
+            "{} of {} kernels failed to build (first: {})",
             failures.len(),
-            specs.len(),
+            kernels.len(),
             failures[0]
         ))
     }
@@ -301,6 +327,12 @@ fn compile(spec: &str, emit: EmitArg, output: Option<PathBuf>, path_arg: PathArg
             let (k, origin) = match path_arg {
                 PathArg::Planner => {
                     let r = Jit::global().build(&spec).map_err(|e| e.to_string())?;
+                    (r.kernel, r.origin)
+                }
+                PathArg::ShortKeys => {
+                    let r = Jit::global()
+                        .build_variant(&spec, Variant::ShortKeys)
+                        .map_err(|e| e.to_string())?;
                     (r.kernel, r.origin)
                 }
                 PathArg::Sm80 => (
@@ -493,6 +525,13 @@ fn run(cli: Cli) -> CliResult {
                 println!("{}", serde_json::to_string_pretty(&p).map_err(|e| e.to_string())?);
             } else {
                 print!("{p}");
+                if matches!(path, PathArg::Planner) && short_keys_tiles(&spec).is_some() {
+                    println!(
+                        "variant: calls with keys up to {} take the short-keys plan (`attnforge plan {spec} --path \
+                         short-keys`)",
+                        attnforge::plan::SHORT_KEYS_MAX
+                    );
+                }
             }
             Ok(())
         }

@@ -1,4 +1,5 @@
-//! The coverage sweep: compile every spec of the default matrix for sm80 and
+//! The coverage sweep: compile every spec of the default matrix (and its
+//! short-keys variant where it has one) for sm80 and
 //! sm90a into a fresh temporary cache (so it really compiles), check the
 //! resources, and write `docs/coverage.md`.
 //!
@@ -12,7 +13,8 @@ use std::time::Instant;
 
 use attnforge::compile::Nvrtc;
 use attnforge::jit::{Jit, Origin};
-use attnforge::{matrix, Arch};
+use attnforge::plan::{short_keys_tiles, Variant};
+use attnforge::{matrix, Arch, AttnSpec};
 use attnforge_cache::{Cache, CacheConfig};
 
 /// (registers, spill bytes, stack bytes, smem bytes, threads, compile ms) of one
@@ -39,6 +41,19 @@ fn every_matrix_spec_compiles_without_spills() {
     let archs = [Arch::Sm80, Arch::Sm90a];
     let specs = matrix::default_specs(&archs);
     assert!(!specs.is_empty());
+    // Every kernel a call may take: the planner's, and the short-keys variant
+    // where the spec has one (as `attnforge prebuild` builds them).
+    let kernels: Vec<(AttnSpec, Variant)> = specs
+        .iter()
+        .flat_map(|s| {
+            let short = short_keys_tiles(s).map(|_| (*s, Variant::ShortKeys));
+            std::iter::once((*s, Variant::Main)).chain(short)
+        })
+        .collect();
+    assert!(
+        kernels.len() > specs.len(),
+        "the matrix has specs with a short-keys variant"
+    );
     let started = Instant::now();
     let next = AtomicUsize::new(0);
     let rows: Mutex<Vec<(String, Result<Row, String>)>> = Mutex::new(Vec::new());
@@ -47,45 +62,49 @@ fn every_matrix_spec_compiles_without_spills() {
         for _ in 0..jobs {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(spec) = specs.get(i) else { break };
-                let r = jit.build(spec).map_err(|e| e.to_string()).and_then(|r| {
-                    assert_eq!(r.origin, Origin::Compiled, "{spec}: a fresh cache must compile");
-                    // Every entry takes the parameters the launcher passes
-                    // (what launch::load asks the driver on a GPU).
-                    let want = attnforge::launch::expected_params(r.kernel.plan.template);
-                    let entries = attnforge::compile::cubin_params(&r.kernel.cubin)
-                        .ok_or_else(|| "the cubin's ELF does not parse".to_string())?;
-                    if entries.is_empty() {
-                        return Err("the cubin declares no entry".to_string());
-                    }
-                    if let Some((name, got)) = entries.iter().find(|(_, got)| got.as_slice() != want) {
-                        return Err(format!(
-                            "entry {name} takes parameters of {got:?} bytes, the launcher passes {want:?}"
-                        ));
-                    }
-                    let m = &r.kernel.meta;
-                    // A CUBIN may hold several entry points (the backward's
-                    // `_pre`, `_dq`, ...): check the worst of them, not only
-                    // the plan's `entry` that the metadata describes.
-                    let all = attnforge::compile::parse_ptxas_log(&m.log);
-                    let regs = all.iter().map(|k| k.registers).max().unwrap_or(0).max(m.registers);
-                    let spill = all
-                        .iter()
-                        .map(|k| k.spill_stores + k.spill_loads)
-                        .sum::<u32>()
-                        .max(m.spill_stores + m.spill_loads);
-                    let stack = all.iter().map(|k| k.stack_frame).max().unwrap_or(0).max(m.stack_frame);
-                    let smem_static = all.iter().map(|k| k.smem_static).max().unwrap_or(0).max(m.smem_static);
-                    Ok((
-                        regs,
-                        spill,
-                        stack,
-                        m.smem_dynamic + smem_static,
-                        r.kernel.plan.threads(),
-                        m.compile_ms,
-                    ))
-                });
-                rows.lock().unwrap().push((spec.to_string(), r));
+                let Some(&(spec, variant)) = kernels.get(i) else { break };
+                let r = jit
+                    .build_variant(&spec, variant)
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| {
+                        assert_eq!(r.kernel.variant, variant, "{spec}: the variant asked for");
+                        assert_eq!(r.origin, Origin::Compiled, "{spec}: a fresh cache must compile");
+                        // Every entry takes the parameters the launcher passes
+                        // (what launch::load asks the driver on a GPU).
+                        let want = attnforge::launch::expected_params(r.kernel.plan.template);
+                        let entries = attnforge::compile::cubin_params(&r.kernel.cubin)
+                            .ok_or_else(|| "the cubin's ELF does not parse".to_string())?;
+                        if entries.is_empty() {
+                            return Err("the cubin declares no entry".to_string());
+                        }
+                        if let Some((name, got)) = entries.iter().find(|(_, got)| got.as_slice() != want) {
+                            return Err(format!(
+                                "entry {name} takes parameters of {got:?} bytes, the launcher passes {want:?}"
+                            ));
+                        }
+                        let m = &r.kernel.meta;
+                        // A CUBIN may hold several entry points (the backward's
+                        // `_pre`, `_dq`, ...): check the worst of them, not only
+                        // the plan's `entry` that the metadata describes.
+                        let all = attnforge::compile::parse_ptxas_log(&m.log);
+                        let regs = all.iter().map(|k| k.registers).max().unwrap_or(0).max(m.registers);
+                        let spill = all
+                            .iter()
+                            .map(|k| k.spill_stores + k.spill_loads)
+                            .sum::<u32>()
+                            .max(m.spill_stores + m.spill_loads);
+                        let stack = all.iter().map(|k| k.stack_frame).max().unwrap_or(0).max(m.stack_frame);
+                        let smem_static = all.iter().map(|k| k.smem_static).max().unwrap_or(0).max(m.smem_static);
+                        Ok((
+                            regs,
+                            spill,
+                            stack,
+                            m.smem_dynamic + smem_static,
+                            r.kernel.plan.threads(),
+                            m.compile_ms,
+                        ))
+                    });
+                rows.lock().unwrap().push((format!("{spec}{}", variant.suffix()), r));
             });
         }
     });
@@ -99,9 +118,10 @@ fn every_matrix_spec_compiles_without_spills() {
     let _ = writeln!(
         md,
         "Written by `make sweep` / `make test` (codegen_tests/tests/sweep.rs): NVRTC {} into a fresh cache, \
-         {} specs. Checks: compiles, no spills, stack <= {MAX_STACK} B, registers <= 255, shared memory within the arch limit, \
+         {} specs and {} kernels (`.short`: the variant for short causal keys). Checks: compiles, no spills, stack <= {MAX_STACK} B, registers <= 255, shared memory within the arch limit, \
          every entry's parameters as the launcher passes them.\n",
         nvrtc.version_string(),
+        specs.len(),
         rows.len()
     );
     let _ = writeln!(
@@ -114,7 +134,8 @@ fn every_matrix_spec_compiles_without_spills() {
         match r {
             Ok((regs, spill, stack, smem, threads, ms)) => {
                 times.push(*ms);
-                let arch: Arch = spec.rsplit('.').next().unwrap().parse().unwrap();
+                let spec_only = spec.strip_suffix(Variant::ShortKeys.suffix()).unwrap_or(spec);
+                let arch: Arch = spec_only.rsplit('.').next().unwrap().parse().unwrap();
                 let mut bad = Vec::new();
                 if *spill > 0 {
                     bad.push(format!("{spill} B spilled"));
@@ -150,7 +171,8 @@ fn every_matrix_spec_compiles_without_spills() {
     times.sort_by(|a, b| a.total_cmp(b));
     let median = times.get(times.len() / 2).copied().unwrap_or(0.0);
     println!(
-        "sweep: {} specs in {wall:.1}s with {jobs} jobs; median compile {median:.0} ms",
+        "sweep: {} specs, {} kernels in {wall:.1}s with {jobs} jobs; median compile {median:.0} ms",
+        specs.len(),
         rows.len()
     );
     let verify = jit.cache().verify();

@@ -25,7 +25,7 @@ use cudarc::driver::{result, sys};
 use crate::jit::{CompiledKernel, Jit};
 use crate::launch::{self, FwdArgs, FwdParams, FwdProblem, LaunchDims, LaunchError, LoadedKernel};
 use crate::launch_bwd::{self, BwdArgs, WORKSPACE_ALIGN};
-use crate::plan::{plan, KernelPlan};
+use crate::plan::{plan, KernelPlan, Variant};
 use crate::spec::{AttnSpec, Direction, Layout};
 
 use super::backend::{Backend, BackendKind, Caps, Support, ALL_MASKS};
@@ -89,14 +89,14 @@ impl BwdWorkspace {
     }
 }
 
-type LoadedMap = HashMap<(usize, AttnSpec), Arc<LoadedKernel>>;
+type LoadedMap = HashMap<(usize, AttnSpec, Variant), Arc<LoadedKernel>>;
 
 /// The generated-kernel backend over one [`Jit`].
 pub struct GeneratedBackend {
     /// `None`: [`Jit::global`], opened on the first kernel request (deciding
     /// and explaining never touch the cache).
     jit: Option<&'static Jit>,
-    /// Loaded modules by (CUDA context, spec): one driver call on a hit,
+    /// Loaded modules by (CUDA context, spec, variant): one driver call on a hit,
     /// instead of `launch::load`'s context and device queries.
     loaded: RwLock<LoadedMap>,
     driver_ready: AtomicBool,
@@ -259,19 +259,33 @@ impl GeneratedBackend {
     /// The kernel for `spec`: a jit memo hit on the hot path, else the cache
     /// or NVRTC.
     pub fn kernel(&self, spec: &AttnSpec) -> Result<Arc<CompiledKernel>, DispatchError> {
-        if let Some(k) = self.jit().memo_get(spec) {
+        self.kernel_variant(spec, Variant::Main)
+    }
+
+    /// One variant of the kernel for `spec` (its main kernel where the spec
+    /// has no such variant).
+    pub fn kernel_variant(&self, spec: &AttnSpec, variant: Variant) -> Result<Arc<CompiledKernel>, DispatchError> {
+        if let Some(k) = self.jit().memo_get_variant(spec, variant) {
             return Ok(k);
         }
-        self.jit().get_or_build(spec).map_err(|e| DispatchError::Build {
-            spec: spec.to_string(),
-            message: e.to_string(),
-        })
+        self.jit()
+            .get_or_build_variant(spec, variant)
+            .map_err(|e| DispatchError::Build {
+                spec: spec.to_string(),
+                message: e.to_string(),
+            })
+    }
+
+    /// The variant of `spec`'s forward that a call of these shapes takes
+    /// ([`Variant::for_keys`]: by the keys' length).
+    pub fn fwd_variant(call: &FwdCall, spec: &AttnSpec) -> Variant {
+        Variant::for_keys(spec, call.problem.seqlen_k)
     }
 
     /// Everything before the launch: kernel lookup and `launch::check_fwd`.
     /// Needs no GPU (the hot-path benchmark times it).
     pub fn prepare_fwd(&self, call: &FwdCall, spec: &AttnSpec) -> Result<PreparedFwd, DispatchError> {
-        let kernel = self.kernel(spec)?;
+        let kernel = self.kernel_variant(spec, Self::fwd_variant(call, spec))?;
         let launch = launch::check_fwd(&kernel.plan, &Self::fwd_args(call))?;
         Ok(PreparedFwd { kernel, launch })
     }
@@ -287,7 +301,11 @@ impl GeneratedBackend {
             return None; // the driver may not even be loadable: ask nothing of it
         }
         let ctx = Self::current_context()?;
-        self.loaded.read().ok()?.get(&(ctx, kernel.spec)).cloned()
+        self.loaded
+            .read()
+            .ok()?
+            .get(&(ctx, kernel.spec, kernel.variant))
+            .cloned()
     }
 
     /// Load into the current context (initializing the driver and checking
@@ -296,7 +314,7 @@ impl GeneratedBackend {
         let k = launch::load(kernel)?;
         self.driver_ready.store(true, Ordering::Release);
         if let (Some(ctx), Ok(mut m)) = (Self::current_context(), self.loaded.write()) {
-            m.insert((ctx, kernel.spec), k.clone());
+            m.insert((ctx, kernel.spec, kernel.variant), k.clone());
         }
         Ok(k)
     }
@@ -347,7 +365,8 @@ impl Backend for GeneratedBackend {
         })?;
         let ctx = FwdContext::new(self, call)?;
         let args = Self::fwd_args(call);
-        let kernel = match self.jit().memo_get(&spec) {
+        let variant = Self::fwd_variant(call, &spec);
+        let kernel = match self.jit().memo_get_variant(&spec, variant) {
             Some(k) => k,
             None => {
                 // First call: refuse bad arguments before compiling or touching the driver.
@@ -356,7 +375,7 @@ impl Backend for GeneratedBackend {
                     message: e.to_string(),
                 })?;
                 launch::check_fwd(&plan, &args)?;
-                self.kernel(&spec)?
+                self.kernel_variant(&spec, variant)?
             }
         };
         let loaded = match self.loaded_hit(&kernel) {

@@ -540,3 +540,23 @@ fn generated_backward_runs_through_the_dispatcher_after_any_dense_forward() {
     let e = d.bwd(&call, &ctx).unwrap_err();
     assert!(e.to_string().contains("workspace"), "{e}");
 }
+
+#[test]
+fn short_causal_keys_take_the_short_keys_variant() {
+    use crate::plan::Variant;
+    for (d, mask, s, want) in [
+        (64, Mask::CausalBottomRight, 512, Variant::ShortKeys),
+        (128, Mask::CausalBottomRight, 1024, Variant::ShortKeys),
+        (128, Mask::CausalBottomRight, 1025, Variant::Main),
+        (64, Mask::CausalBottomRight, 2048, Variant::Main),
+        (64, Mask::None, 512, Variant::Main),
+        (256, Mask::CausalBottomRight, 512, Variant::Main),
+    ] {
+        let mut p = Problem::dense(ElemType::Bf16, d, 2, 16, 16, s, s, SM90);
+        p.mask = mask;
+        let spec = p.key().spec(Direction::Fwd).unwrap();
+        let t = TensorArg::bshd(0x10000, s as i64, 16, d as i64);
+        let call = FwdCall::new(p, t, t, t, t, 0x90000);
+        assert_eq!(GeneratedBackend::fwd_variant(&call, &spec), want, "{spec} s={s}");
+    }
+}
