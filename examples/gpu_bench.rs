@@ -303,9 +303,11 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
     // Alternatives to the planner's tiles per head dim, as (consumer
     // warpgroups, block_n, stages) on the planner's other options: the other
     // consumer count (3 warpgroups are the default at d <= 64, block_m 192)
-    // and block_n (the short ones for short causal keys). Every variant has
+    // and block_n (the short ones for short keys). Every variant has
     // both entries, each timed.
-    let alternatives: &[(usize, &[(u32, u32, u32)])] = &[
+    // (consumers, block_n, stages)
+    type Shape = (u32, u32, u32);
+    let alternatives: &[(usize, &[Shape])] = &[
         (
             64,
             &[
@@ -343,13 +345,14 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
         };
         v.split(',')
             .map(|x| match x.trim().parse::<usize>() {
-                Ok(n) if all.contains(&n) => n,
+                Ok(n) if all.contains(&n) || (var.ends_with("_S") && n == 1024) => n,
                 _ => panic!("{var}={v}: `{x}` is not one of {all:?}"),
             })
             .collect()
     };
     let dims = list("ATTNFORGE_TUNE90_D", &[64, 128, 256]);
     let lens = list("ATTNFORGE_TUNE90_S", &[512, 2048, 8192, 16384]);
+    // 1024 (the short-keys variant's limit) only when asked for.
     let mut built = Vec::new();
     let mut todo = Vec::new();
     for &d in &dims {

@@ -90,12 +90,15 @@ pub fn compile_options(plan: &KernelPlan) -> Vec<String> {
     req.effective_options()
 }
 
+/// What the memo and the build locks key kernels by.
+type KernelId = (AttnSpec, Variant);
+
 /// A cache plus an in-process memo and per-kernel build locks, keyed by
 /// (spec, variant).
 pub struct Jit {
     cache: Cache,
-    memo: RwLock<HashMap<(AttnSpec, Variant), Arc<CompiledKernel>>>,
-    building: Mutex<HashMap<(AttnSpec, Variant), Arc<Mutex<()>>>>,
+    memo: RwLock<HashMap<KernelId, Arc<CompiledKernel>>>,
+    building: Mutex<HashMap<KernelId, Arc<Mutex<()>>>>,
     nvrtc_version: OnceLock<String>,
 }
 

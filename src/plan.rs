@@ -412,14 +412,17 @@ fn fwd_sm90a_smem(block_m: u32, block_n: u32, stages: u32, qk_chunks: u32, v_chu
 /// hardware's block dispatch does), and the walk given one block per tile
 /// ran 10..15% under the one-tile entry (d128 8k: 614 vs 719 TFLOP/s).
 /// H100, 2026-12-05 (session 24, tune90, docs/benchmarks/2026-12-05-s24-gpu.md):
-/// d256 causal at seqlen 512 runs 11% faster one tile per block (282 vs 254),
-/// so past d128 a mask keeps one tile per block; three consumers under a
-/// mask walk up to 2k (d128 causal 2k: 487 walk vs 472 one tile).
+/// d256 causal at seqlen 512 runs 15% faster one tile per block (288 vs 250
+/// at block_n 80, 292 vs 261 at 64), but at 1024 the walk is ahead again
+/// (418 vs 405, 442 vs 414), so past d128 a mask keeps one tile per block up
+/// to [`SM90A_ONE_TILE_MASKED_MAX_KEYS`]; three consumers under a mask walk
+/// up to 2k (d128 causal 2k: 487 walk vs 472 one tile).
 pub fn sm90a_walk_pays(seqlen_k: u32, d: u32, masked: bool, consumers: u32) -> bool {
-    if masked && d > 128 {
+    if masked && d > 128 && seqlen_k <= SM90A_ONE_TILE_MASKED_MAX_KEYS {
         return false;
     }
-    seqlen_k <= SM90A_WALK_MAX_KEYS || (masked && (d <= 64 || consumers >= 3) && seqlen_k <= 2 * SM90A_WALK_MAX_KEYS)
+    seqlen_k <= SM90A_WALK_MAX_KEYS
+        || (masked && d <= 128 && (d <= 64 || consumers >= 3) && seqlen_k <= 2 * SM90A_WALK_MAX_KEYS)
 }
 
 /// A second plan of the same spec that the launcher takes per call, by the
@@ -429,10 +432,11 @@ pub enum Variant {
     /// The planner's plan ([`plan`]).
     #[default]
     Main,
-    /// Short keys (at most [`SHORT_KEYS_MAX`]) under a causal mask, where
-    /// the main plan has three consumer warpgroups (block_m 192): two
-    /// consumers at block_n 128 (block_m 128), which cover the causal
-    /// triangle with fewer wasted rows ([`short_keys_tiles`]).
+    /// Short keys (at most [`SHORT_KEYS_MAX`]): the sm90a forward's tiles
+    /// measured faster at seqlen 512 and 1024 where they differ from the main
+    /// plan's ([`short_keys_tiles_why`]): two consumers where the main plan
+    /// has three under a causal mask, block_n 64 at d256 causal, block_n 128
+    /// at d128 without a mask.
     ShortKeys,
 }
 
@@ -460,29 +464,56 @@ impl Variant {
     }
 }
 
-/// The tiles of [`Variant::ShortKeys`] for `spec`, if it has that variant:
-/// sm90a forwards with a causal mask whose main plan has three consumer
-/// warpgroups. H200 (session 14) and H100 (sessions 23 and 24, tune90,
-/// docs/benchmarks/2026-12-05-s24-gpu.md): at seqlen 512, 192-row query tiles
-/// cover the causal triangle with 59% useful scores (128-row tiles: 80%) and
-/// leave a consumer idle in the last tile; two consumers at block_n 128 ran
-/// d64 217.6 vs 189.4 TFLOP/s (+15%) and d128 291.5 vs 252.7 (+15%) on the
-/// walk, while at 2k three consumers are ahead (d64 368 vs 335, d128 487 vs 472).
-pub fn short_keys_tiles(spec: &AttnSpec) -> Option<Sm90aFwdTiles> {
-    if spec.direction != Direction::Fwd
-        || spec.arch != Arch::Sm90a
-        || !matches!(spec.mask, Mask::CausalTopLeft | Mask::CausalBottomRight)
-        || spec.validate().is_err()
-    {
+/// The tiles of [`Variant::ShortKeys`] for `spec`, if it has that variant,
+/// with why (for the plan's reasons). sm90a forwards only:
+/// - under a causal mask where the main plan has three consumer warpgroups:
+///   two at block_n 128. H200 (session 14) and H100 (sessions 23 and 24,
+///   tune90, docs/benchmarks/2026-12-05-s24-gpu.md): at seqlen 512, 192-row
+///   query tiles cover the causal triangle with 59% useful scores (128-row
+///   tiles: 80%) and leave a consumer idle in the last tile; two consumers at
+///   block_n 128 ran d64 217.6 vs 189.4 TFLOP/s (+15%) and d128 291.5 vs
+///   252.7 (+15%) on the walk, while at 2k three consumers are ahead (d64 368
+///   vs 335, d128 487 vs 472);
+/// - d > 192 under a causal mask: block_n 64 instead of 80 (512 keys in 8
+///   whole tiles; tune90, 7 rounds: 291.7 vs 287.6 at 512, one tile per
+///   block; 441.9 vs 418.5 at 1024 on the walk);
+/// - d 80..128 without a mask or softcap: block_n 128 instead of 176 (512
+///   keys in 4 whole tiles instead of 3 with a partial last one; tune90 on the
+///   walk, 7 rounds: 487.7 vs 470.7 at 512, 556.1 vs 537.1 at 1024).
+pub fn short_keys_tiles_why(spec: &AttnSpec) -> Option<(Sm90aFwdTiles, &'static str)> {
+    if spec.direction != Direction::Fwd || spec.arch != Arch::Sm90a || spec.validate().is_err() {
         return None;
     }
+    let causal = matches!(spec.mask, Mask::CausalTopLeft | Mask::CausalBottomRight);
+    let dmax = round_up(spec.head_dim_qk.max(spec.head_dim_v) as u32, 16);
     let main = default_sm90a_tiles(spec);
-    (main.consumers >= 3).then_some(Sm90aFwdTiles {
-        consumers: 2,
-        block_n: 128,
+    let short = |consumers, block_n| Sm90aFwdTiles {
+        consumers,
+        block_n,
         stages: 2,
         ..main
-    })
+    };
+    if causal && main.consumers >= 3 {
+        Some((
+            short(2, 128),
+            "block_m 192 covers a short causal triangle with more wasted rows; measured +15% at seqlen 512",
+        ))
+    } else if causal && dmax > 192 && main.block_n == 80 {
+        Some((short(2, 64), "measured +1.4% at seqlen 512 and +5.6% at 1024"))
+    } else if spec.mask == Mask::None && main.block_n == 176 {
+        Some((
+            short(2, 128),
+            "512 keys in 4 whole key tiles, not 3 with a partial last one; measured +3.6% at seqlen 512 and +3.5% at 1024",
+        ))
+    } else {
+        None
+    }
+}
+
+/// The tiles of [`Variant::ShortKeys`] for `spec`, if it has that variant
+/// ([`short_keys_tiles_why`]).
+pub fn short_keys_tiles(spec: &AttnSpec) -> Option<Sm90aFwdTiles> {
+    short_keys_tiles_why(spec).map(|(t, _)| t)
 }
 
 /// The plan of one variant of a spec: [`plan`] for [`Variant::Main`],
@@ -490,14 +521,15 @@ pub fn short_keys_tiles(spec: &AttnSpec) -> Option<Sm90aFwdTiles> {
 pub fn plan_variant(spec: &AttnSpec, variant: Variant) -> Result<Option<KernelPlan>, PlanError> {
     match variant {
         Variant::Main => plan(spec).map(Some),
-        Variant::ShortKeys => Ok(short_keys_tiles(spec).map(|tiles| {
+        Variant::ShortKeys => Ok(short_keys_tiles_why(spec).map(|(tiles, why)| {
+            let main = default_sm90a_tiles(spec);
             let mut p = plan_fwd_sm90a_with(spec, tiles);
             p.reasons.insert(
                 0,
                 format!(
-                    "variant for short keys (at most {SHORT_KEYS_MAX}, chosen per call): two consumer warpgroups at \
-                     block_n 128 instead of the main plan's three (block_m 192 covers a short causal triangle with \
-                     more wasted rows; measured +15% at seqlen 512)"
+                    "variant for short keys (at most {SHORT_KEYS_MAX}, chosen per call): {} consumer warpgroups at \
+                     block_n {} instead of the main plan's {} at {} ({why})",
+                    tiles.consumers, tiles.block_n, main.consumers, main.block_n
                 ),
             );
             p
@@ -589,6 +621,10 @@ pub fn ragged_order(lens_q: &[u32], lens_k: &[u32], heads_q: u32, m: u32, block_
 /// Longest keys for which the sm90a forward walks its tiles at any head dim
 /// (twice as long at d <= 64 under a mask); see [`sm90a_walk_pays`].
 pub const SM90A_WALK_MAX_KEYS: u32 = 1024;
+
+/// Keys up to which a masked sm90a forward past d128 takes one tile per block
+/// ([`sm90a_walk_pays`]).
+pub const SM90A_ONE_TILE_MASKED_MAX_KEYS: u32 = 512;
 
 /// The free choices of the Hopper forward: keys per step, K/V ring depth,
 /// and the consumers' schedule (see [`KernelPlan::consumer_pipelined`] and
@@ -843,7 +879,11 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
              {}: the resident blocks walk the tiles in a snake over rounds of the grid, loading the next tile's Q \
              under this tile's last P V and epilogue",
             if spec.mask != Mask::None && dmax > 128 {
-                "none under a mask past d128 (one tile per block measured +11% at d256 causal, seqlen 512)".to_string()
+                format!(
+                    "{SM90A_WALK_MAX_KEYS} from {} (under a mask past d128 one tile per block up to \
+                     {SM90A_ONE_TILE_MASKED_MAX_KEYS}: measured +15% at d256 causal, seqlen 512)",
+                    SM90A_ONE_TILE_MASKED_MAX_KEYS + 1
+                )
             } else if spec.mask != Mask::None && (dmax <= 64 || consumers >= 3) {
                 format!(
                     "{} (under a mask, with three consumers or at d <= 64)",
@@ -940,7 +980,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn short_keys_variant_only_where_the_main_plan_has_three_consumers_under_a_causal_mask() {
+    fn short_keys_variant_where_other_tiles_measured_faster_at_short_keys() {
         use crate::spec::DType;
         let fwd = |d, mask, arch| AttnSpec::fwd(DType::Bf16, d, mask, Layout::Dense, arch);
         let causal = [Mask::CausalTopLeft, Mask::CausalBottomRight];
@@ -966,8 +1006,21 @@ mod tests {
                 assert_ne!(short, main);
             }
         }
-        // No variant: no mask or a window (three consumers at d64 all the
-        // same), two consumers (d256, softcap), the sm80 path, the backward.
+        // d256 causal: block_n 64; d128 without a mask: block_n 128 (both two consumers).
+        for (d, mask, bn) in [(256, Mask::CausalTopLeft, 64), (128, Mask::None, 128)] {
+            let spec = fwd(d, mask, Arch::Sm90a);
+            let short = plan_variant(&spec, Variant::ShortKeys)
+                .unwrap()
+                .expect("a short-keys plan");
+            let main = plan(&spec).unwrap();
+            assert_eq!((short.block_m, short.block_n), (128, bn), "{spec}");
+            assert_ne!(main.block_n, bn, "{spec}");
+            assert_eq!(Variant::for_keys(&spec, 1000), Variant::ShortKeys, "{spec}");
+            assert_eq!(Variant::for_keys(&spec, 2048), Variant::Main, "{spec}");
+        }
+        // No variant: d64 without a mask or with a window (three consumers
+        // all the same), d128 causal ragged and windowed, d256 without a
+        // mask, softcap, the sm80 path, the backward.
         let softcap = AttnSpec {
             softcap: true,
             ..fwd(64, Mask::CausalTopLeft, Arch::Sm90a)
@@ -979,8 +1032,8 @@ mod tests {
         for spec in [
             fwd(64, Mask::None, Arch::Sm90a),
             fwd(64, Mask::SlidingWindow, Arch::Sm90a),
-            fwd(128, Mask::None, Arch::Sm90a),
-            fwd(256, Mask::CausalTopLeft, Arch::Sm90a),
+            fwd(128, Mask::SlidingWindow, Arch::Sm90a),
+            fwd(256, Mask::None, Arch::Sm90a),
             fwd(64, Mask::CausalTopLeft, Arch::Sm80),
             softcap,
             bwd,
@@ -1448,8 +1501,9 @@ mod tests {
             for masked in [false, true] {
                 for consumers in [2, 3] {
                     let walks = |s| sm90a_walk_pays(s, d, masked, consumers);
-                    // Past d128 a mask keeps one tile per block at any length.
-                    assert_eq!(walks(512) && walks(SM90A_WALK_MAX_KEYS), !(masked && d > 128));
+                    // Past d128 a mask keeps one tile per block up to 512 keys.
+                    assert_eq!(walks(512), !(masked && d > 128));
+                    assert!(walks(513) && walks(SM90A_WALK_MAX_KEYS));
                     assert!(!walks(4096));
                     assert_eq!(walks(2048), masked && d <= 128 && (d <= 64 || consumers == 3));
                 }

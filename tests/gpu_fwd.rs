@@ -640,8 +640,8 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
                 ));
             }
         }
-        // The variant that calls with short keys take (two consumers where
-        // the planner has three), on the launcher's entry for the case.
+        // The variant that calls with short keys take (plan::short_keys_tiles_why),
+        // on the launcher's entry for the case.
         if let Some(short) = plan_variant(spec, Variant::ShortKeys).unwrap_or_else(|e| panic!("{spec}: {e}")) {
             jobs.push(("fwd_sm90a.cu short-keys variant", short, Entry::Rule));
         }

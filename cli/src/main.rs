@@ -120,9 +120,9 @@ enum PathArg {
     Planner,
     /// The sm80 instruction path (`fwd_sm80.cu` / `bwd_sm80.cu`).
     Sm80,
-    /// The planner's variant for short causal keys (at most 1024), which a
-    /// call takes by its keys' length where the spec has one (sm90a forwards
-    /// whose main plan has three consumer warpgroups).
+    /// The planner's variant for short keys (at most 1024), which a call
+    /// takes by its keys' length where the spec has one (sm90a forwards whose
+    /// tiles measured faster at short keys differ from the main plan's).
     ShortKeys,
 }
 
@@ -136,8 +136,8 @@ fn plan_on(spec: &AttnSpec, path: PathArg) -> Result<attnforge::plan::KernelPlan
                 .map_err(|e| e.to_string())?
                 .ok_or_else(|| {
                     format!(
-                        "{spec} has no short-keys variant (only sm90a forwards with a causal mask whose plan has three \
-                         consumer warpgroups do): its plan serves every length"
+                        "{spec} has no short-keys variant (only sm90a forwards whose tiles measured faster at short \
+                         keys differ from the main plan's have one): its plan serves every length"
                     )
                 })
         }

@@ -542,7 +542,7 @@ fn generated_backward_runs_through_the_dispatcher_after_any_dense_forward() {
 }
 
 #[test]
-fn short_causal_keys_take_the_short_keys_variant() {
+fn short_keys_take_the_short_keys_variant_where_the_spec_has_one() {
     use crate::plan::Variant;
     for (d, mask, s, want) in [
         (64, Mask::CausalBottomRight, 512, Variant::ShortKeys),
@@ -550,7 +550,10 @@ fn short_causal_keys_take_the_short_keys_variant() {
         (128, Mask::CausalBottomRight, 1025, Variant::Main),
         (64, Mask::CausalBottomRight, 2048, Variant::Main),
         (64, Mask::None, 512, Variant::Main),
-        (256, Mask::CausalBottomRight, 512, Variant::Main),
+        (256, Mask::CausalBottomRight, 512, Variant::ShortKeys),
+        (256, Mask::None, 512, Variant::Main),
+        (128, Mask::None, 512, Variant::ShortKeys),
+        (128, Mask::None, 2048, Variant::Main),
     ] {
         let mut p = Problem::dense(ElemType::Bf16, d, 2, 16, 16, s, s, SM90);
         p.mask = mask;
