@@ -395,6 +395,15 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
             {
                 tiles.push(flip_sums);
             }
+            // O through shared memory by TMA stores (the other way than the
+            // planner's), where its staging fits.
+            let flip_tma_o = Sm90aFwdTiles {
+                tma_store_o: !base.tma_store_o,
+                ..base
+            };
+            if plan_fwd_sm90a_with(&spec, flip_tma_o).tma_store_o != plan_fwd_sm90a_with(&spec, base).tma_store_o {
+                tiles.push(flip_tma_o);
+            }
             // The clusters-of-two option (K/V multicast) where the spec takes
             // it: its one-tile entry is timed as pairs and alone.
             let pairs = Sm90aFwdTiles { cluster: true, ..base };
@@ -456,10 +465,12 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                         if let Some(dir) = std::env::var_os("ATTNFORGE_TUNE_CUBINS") {
                             // For reading the machine code (cuobjdump --dump-sass) without a GPU.
                             let name = format!(
-                                "{spec}.c{}.bn{bn}.st{st}{}{}.cubin",
+                                "{spec}.c{}.bn{bn}.st{st}{}{}{}{}.cubin",
                                 tiles.consumers,
                                 if tiles.persistent { ".walk" } else { "" },
-                                if tiles.head_major { "" } else { ".qbm" }
+                                if tiles.head_major { "" } else { ".qbm" },
+                                if k.plan.tma_store_o { ".tmao" } else { "" },
+                                if k.plan.rowsum_mma { ".rowsum" } else { "" }
                             );
                             std::fs::create_dir_all(&dir).expect("cubin dir");
                             std::fs::write(std::path::Path::new(&dir).join(name), &k.cubin).expect("write cubin");

@@ -583,7 +583,7 @@ pub struct LoadedKernel {
     /// sm90a forward: the tensor maps of the last call and the views they
     /// encode (a pure function of them), so that repeated calls on the same
     /// buffers skip the driver's encoding.
-    last_maps: Mutex<Option<([TmaView; 3], [sys::CUtensorMap; 3])>>,
+    last_maps: Mutex<Option<([TmaView; 4], [sys::CUtensorMap; 4])>>,
     /// The persistent walk entry of a [`GridRule::TilesOrWalk`] kernel.
     walk: Option<sys::CUfunction>,
     /// The walk entry's blocks that the device holds at once (SMs × resident
@@ -768,7 +768,7 @@ impl LoadedKernel {
         // SAFETY: the module is loaded in this context for the life of `self`.
         let func = unsafe {
             let f = result::module::get_function(self.module, cname).map_err(driver_err("cuModuleGetFunction"))?;
-            check_params(f, &self.spec, self.plan.template, name)?;
+            check_params(f, &self.plan, name)?;
             result::function::set_function_attribute(
                 f,
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -841,7 +841,7 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
                 return Err(driver_err("cuModuleGetFunction")(e));
             }
         };
-        if let Err(e) = check_params(func, &kernel.spec, kernel.plan.template, &kernel.plan.entry) {
+        if let Err(e) = check_params(func, &kernel.plan, &kernel.plan.entry) {
             let _ = result::module::unload(module);
             return Err(e);
         }
@@ -858,8 +858,7 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
         let (walk, resident) = if kernel.plan.grid == GridRule::TilesOrWalk {
             match walk_entry(module, &kernel.plan).and_then(|w| {
                 let name = format!("{}_walk", kernel.plan.entry);
-                w.0.map_or(Ok(()), |f| check_params(f, &kernel.spec, kernel.plan.template, &name))
-                    .map(|()| w)
+                w.0.map_or(Ok(()), |f| check_params(f, &kernel.plan, &name)).map(|()| w)
             }) {
                 Ok(w) => w,
                 Err(e) => {
@@ -894,15 +893,18 @@ pub fn load(kernel: &CompiledKernel) -> Result<Arc<LoadedKernel>, LaunchError> {
 }
 
 /// The parameters, in bytes, that this library passes to a kernel of
-/// `template`: the parameter block ([`FwdParams`] or
+/// `plan`: the parameter block ([`FwdParams`] or
 /// [`crate::launch_bwd::BwdParams`]), then the sm90a forward's three tensor
-/// maps. Every entry of a module takes the same.
-pub fn expected_params(template: Template) -> &'static [usize] {
+/// maps (Q, K, V) and, with [`KernelPlan::tma_store_o`], O's. Every entry of
+/// a module takes the same.
+pub fn expected_params(plan: &KernelPlan) -> &'static [usize] {
     const FWD: [usize; 1] = [std::mem::size_of::<FwdParams>()];
     const FWD90: [usize; 4] = [std::mem::size_of::<FwdParams>(), 128, 128, 128];
+    const FWD90_O: [usize; 5] = [std::mem::size_of::<FwdParams>(), 128, 128, 128, 128];
     const BWD: [usize; 1] = [std::mem::size_of::<crate::launch_bwd::BwdParams>()];
-    match template {
+    match plan.template {
         Template::FwdSm80 => &FWD,
+        Template::FwdSm90a if plan.tma_store_o => &FWD90_O,
         Template::FwdSm90a => &FWD90,
         Template::BwdSm80 | Template::BwdSm90a => &BWD,
     }
@@ -916,12 +918,8 @@ pub fn expected_params(template: Template) -> &'static [usize] {
 ///
 /// # Safety
 /// `func` must be a function of a module loaded in the current context.
-unsafe fn check_params(
-    func: sys::CUfunction,
-    spec: &AttnSpec,
-    template: Template,
-    name: &str,
-) -> Result<(), LaunchError> {
+unsafe fn check_params(func: sys::CUfunction, plan: &KernelPlan, name: &str) -> Result<(), LaunchError> {
+    let spec = &plan.spec;
     let mut version = 0;
     if sys::cuDriverGetVersion(&mut version) != sys::CUresult::CUDA_SUCCESS || version < 12040 {
         return Ok(());
@@ -930,7 +928,7 @@ unsafe fn check_params(
         let (mut offset, mut size) = (0usize, 0usize);
         (sys::cuFuncGetParamInfo(func, i, &mut offset, &mut size) == sys::CUresult::CUDA_SUCCESS).then_some(size)
     };
-    let want = expected_params(template);
+    let want = expected_params(plan);
     // A driver that does not answer for the first parameter cannot tell.
     if size(0).is_none() {
         return Ok(());
@@ -1031,18 +1029,21 @@ pub unsafe fn launch_fwd(k: &LoadedKernel, args: &FwdArgs, stream: sys::CUstream
     // Its tile numbers are head-major ones (the query-block-major order keeps the grid's).
     params.ragged_order = (k.ragged_order() && k.plan.head_major) as i32;
     dims.grid = grid;
-    // The sm90a forward takes its Q/K/V tensor maps after the parameter block.
-    let (mut maps, n) = if k.plan.template == Template::FwdSm90a {
-        (k.tensor_maps(args)?, 4)
+    // The sm90a forward takes its Q/K/V (and with `tma_store_o` O's) tensor
+    // maps after the parameter block.
+    let n = expected_params(&k.plan).len();
+    let mut maps = if k.plan.template == Template::FwdSm90a {
+        k.tensor_maps(args)?
     } else {
-        ([sys::CUtensorMap { opaque: [0; 16] }; 3], 1)
+        [sys::CUtensorMap { opaque: [0; 16] }; 4]
     };
-    let [tq, tk, tv] = &mut maps;
-    let mut kp: [*mut c_void; 4] = [
+    let [tq, tk, tv, to] = &mut maps;
+    let mut kp: [*mut c_void; 5] = [
         &mut params as *mut FwdParams as *mut c_void,
         tq as *mut sys::CUtensorMap as *mut c_void,
         tk as *mut sys::CUtensorMap as *mut c_void,
         tv as *mut sys::CUtensorMap as *mut c_void,
+        to as *mut sys::CUtensorMap as *mut c_void,
     ];
     if cluster > 1 {
         return launch_clusters(func, dims, cluster, stream, &mut kp[..n]);
@@ -1088,7 +1089,7 @@ impl LoadedKernel {
     /// The sm90a forward's tensor maps for a checked call: the last call's
     /// when its views are the same (the maps are a pure function of them),
     /// else encoded by the driver and kept.
-    fn tensor_maps(&self, args: &FwdArgs) -> Result<[sys::CUtensorMap; 3], LaunchError> {
+    fn tensor_maps(&self, args: &FwdArgs) -> Result<[sys::CUtensorMap; 4], LaunchError> {
         let views = fwd_tma_views(&self.plan, args)?;
         let mut last = self
             .last_maps
@@ -1116,14 +1117,26 @@ pub struct TmaView {
     pub box_rows: u32,
 }
 
-/// The Q, K, V views of a checked sm90a forward call. Dense tensors are
+impl TmaView {
+    /// The place of a map the kernel does not take.
+    pub const UNUSED: TmaView = TmaView {
+        ptr: 0,
+        dims: [0; 4],
+        strides: [0; 3],
+        box_rows: 0,
+    };
+}
+
+/// The Q, K, V and O views of a checked sm90a forward call (O's read in
+/// boxes of 64 rows, one consumer warpgroup's; encoded only for a plan with
+/// [`KernelPlan::tma_store_o`], which is dense). Dense tensors are
 /// `(d, seqlen, heads, batch)`; THD tensors `(d, total tokens, heads, 1)`:
 /// TMA zero-fills what lies past each tensor's last row or column, so a
 /// tile never reads outside the caller's allocation. Dimensions of size 1
 /// get a nominal stride (the coordinate there is always 0); a stride of 0
 /// on a longer dimension (a broadcast view) cannot be described and is
 /// refused.
-pub fn fwd_tma_views(plan: &KernelPlan, a: &FwdArgs) -> Result<[TmaView; 3], LaunchError> {
+pub fn fwd_tma_views(plan: &KernelPlan, a: &FwdArgs) -> Result<[TmaView; 4], LaunchError> {
     let spec = &plan.spec;
     let p = &a.problem;
     let thd = spec.layout == Layout::Thd;
@@ -1169,17 +1182,25 @@ pub fn fwd_tma_views(plan: &KernelPlan, a: &FwdArgs) -> Result<[TmaView; 3], Lau
         view("q", &a.q, spec.head_dim_qk, rows_q, p.heads_q, plan.block_m)?,
         view("k", &a.k, spec.head_dim_qk, rows_k, p.heads_kv, plan.block_n)?,
         view("v", &a.v, spec.head_dim_v, rows_k, p.heads_kv, plan.block_n)?,
+        // Without O's map a fixed view, so that a new O never re-encodes the others.
+        if plan.tma_store_o {
+            view("o", &a.o, spec.head_dim_v, rows_q, p.heads_q, 64)?
+        } else {
+            TmaView::UNUSED
+        },
     ])
 }
 
 /// Encode the sm90a forward's descriptors with the driver (`cuTensorMapEncodeTiled`).
-fn encode_tensor_maps(plan: &KernelPlan, views: &[TmaView; 3]) -> Result<[sys::CUtensorMap; 3], LaunchError> {
+fn encode_tensor_maps(plan: &KernelPlan, views: &[TmaView; 4]) -> Result<[sys::CUtensorMap; 4], LaunchError> {
     let dtype = match plan.spec.dtype {
         crate::spec::DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         crate::spec::DType::Bf16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
     };
-    let mut maps = [sys::CUtensorMap { opaque: [0; 16] }; 3];
-    for (map, v) in maps.iter_mut().zip(views.iter()) {
+    let mut maps = [sys::CUtensorMap { opaque: [0; 16] }; 4];
+    // O's map only where the kernel takes it.
+    let n = if plan.tma_store_o { 4 } else { 3 };
+    for (map, v) in maps.iter_mut().zip(views.iter()).take(n) {
         let boxes: [u32; 4] = [64, v.box_rows, 1, 1];
         let unit: [u32; 4] = [1; 4];
         // SAFETY: pure host-side encoding into `map`; the arrays outlive the call.
@@ -1304,11 +1325,26 @@ mod tests {
         assert_eq!(pl.template, Template::FwdSm90a);
         // BSHD: (d, s, h, b) with the head stride below the row stride.
         let a = dense_args(2, 8, 2, 1000, 700, 128);
-        let [q, k, v] = fwd_tma_views(&pl, &a).unwrap();
+        let [q, k, v, o] = fwd_tma_views(&pl, &a).unwrap();
+        assert_eq!(o, TmaView::UNUSED, "no O map without tma_store_o");
         assert_eq!(q.dims, [128, 1000, 8, 2]);
         assert_eq!(q.strides, [8 * 128 * 2, 128 * 2, 1000 * 8 * 128 * 2]);
         assert_eq!((q.box_rows, k.box_rows), (pl.block_m, pl.block_n));
         assert_eq!((k.dims, v.ptr), ([128, 700, 2, 2], 0x3000));
+        // With TMA stores of O, O's view too: the query rows in boxes of one
+        // consumer warpgroup's 64 rows (d128 causal, three consumers, fits).
+        let causal = AttnSpec::fwd(DType::Bf16, 128, Mask::CausalTopLeft, Layout::Dense, Arch::Sm90a);
+        let tiles = crate::plan::Sm90aFwdTiles {
+            tma_store_o: true,
+            ..crate::plan::default_sm90a_tiles(&causal)
+        };
+        let with_o = crate::plan::plan_fwd_sm90a_with(&causal, tiles);
+        assert!(with_o.tma_store_o);
+        assert_eq!(expected_params(&with_o).len(), 5);
+        assert_eq!(expected_params(&pl).len(), 4);
+        let [_, _, _, o] = fwd_tma_views(&with_o, &a).unwrap();
+        assert_eq!((o.ptr, o.dims, o.box_rows), (0x4000, [128, 1000, 8, 2], 64));
+        assert_eq!(o.strides, q.strides);
         // Size-1 dimensions get a nominal stride; a broadcast over more rows is refused.
         let mut one = dense_args(1, 1, 1, 64, 64, 128);
         one.k.stride_batch = 0;
@@ -1348,7 +1384,7 @@ mod tests {
                 ..Default::default()
             },
         };
-        let [q, k, _] = fwd_tma_views(&thd, &t).unwrap();
+        let [q, k, _, _] = fwd_tma_views(&thd, &t).unwrap();
         assert_eq!((q.dims, k.dims), ([64, 250, 4, 1], [64, 200, 2, 1]));
         assert!(check_fwd(&thd, &t).unwrap().is_some());
         t.problem.total_k = 0;
@@ -1403,7 +1439,7 @@ mod tests {
                         size(words[words.len() - 2])
                     })
                     .collect();
-                assert_eq!(got, expected_params(plan.template), "{s}: {params}");
+                assert_eq!(got, expected_params(&plan), "{s}: {params}");
                 entries += 1;
             }
             // The forward's one entry (sm90a: and the walk), the backward's

@@ -135,6 +135,14 @@ pub struct KernelPlan {
     /// never stored. Absent elsewhere.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tail_first: bool,
+    /// sm90a forward only, dense: each consumer warpgroup stages its 64
+    /// rows of O in shared memory (64-column chunks, 128-byte swizzle) and
+    /// one thread writes them with TMA stores through a fourth tensor map
+    /// (O's), so that the warpgroup goes on to the next tile while they run,
+    /// instead of 16-byte stores from registers. Planned only where the
+    /// staging fits beside the ring without shrinking it. Absent elsewhere.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tma_store_o: bool,
     /// The work tiles walk one (batch, head) at a time, its tiles
     /// consecutive, instead of all heads of one tile at a time. sm90a
     /// forward: query blocks (the blocks in flight share K and V in L2).
@@ -364,6 +372,7 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
         softmax_under_pv: false,
         rowsum_mma: false,
         tail_first: false,
+        tma_store_o: false,
         head_major: false,
         cluster_m: 1,
         bwd: None,
@@ -654,6 +663,18 @@ pub struct Sm90aFwdTiles {
     /// Causal query blocks aligned to the sequence's end (see
     /// [`KernelPlan::tail_first`]); ignored without a causal mask.
     pub tail_first: bool,
+    /// O written through shared memory by TMA (see
+    /// [`KernelPlan::tma_store_o`]); ignored on ragged layouts and where the
+    /// staging does not fit.
+    pub tma_store_o: bool,
+}
+
+/// The shared memory of the sm90a forward's O staging
+/// ([`KernelPlan::tma_store_o`]): per consumer warpgroup 64 rows of the
+/// 64-column (128-byte) chunks of `dv` padded columns (the template's
+/// `O_STAGE_BYTES`).
+pub const fn sm90a_o_stage_bytes(consumers: u32, dv: u32) -> u32 {
+    consumers * 64 * 128 * dv.div_ceil(64)
 }
 
 /// The widest key tile at which the sm90a forward takes its row sums from
@@ -749,6 +770,10 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
         // Off: correct on the GPU, but tune90 measured d64 2k causal -3.2%
         // (walk) / -9.3% (one tile) (docs/benchmarks/2026-12-05-s23-gpu.md).
         tail_first: false,
+        // Session 24, compile-only: O through shared memory by TMA stores
+        // (the trace puts the epilogue at 16-27% of a walk tile at seqlen
+        // 512). Off until timed and checked on a GPU.
+        tma_store_o: false,
     }
 }
 
@@ -786,6 +811,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         cluster,
         rowsum_mma,
         tail_first,
+        tma_store_o: _,
     } = tiles;
     // Pairs must see the same key tiles (no mask, dense) and split each K/V
     // tile by 64-column chunks (two or more of each).
@@ -815,7 +841,15 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         }
     }
     let rowsum_mma = ones(block_n) > 0;
-    let smem_bytes = fwd_sm90a_smem(block_m, block_n, stages, qk_chunks, v_chunks) + ones(block_n);
+    let mut smem_bytes = fwd_sm90a_smem(block_m, block_n, stages, qk_chunks, v_chunks) + ones(block_n);
+    // O's staging for the TMA stores: 64 rows of 128-byte chunks per
+    // consumer warpgroup; dense only (in a ragged batch a box would cross
+    // into the next sequence's rows), and only beside the ring as planned.
+    let o_stage = sm90a_o_stage_bytes(consumers, dv);
+    let tma_store_o = tiles.tma_store_o && spec.layout == Layout::Dense && smem_bytes + o_stage <= limit;
+    if tma_store_o {
+        smem_bytes += o_stage;
+    }
     reasons.push(format!(
         "sm90a: wgmma + TMA, 1 producer warpgroup ({SM90A_PRODUCER_REGS} regs) + {consumers} consumer warpgroups \
          ({consumer_regs} regs) of 64 query rows -> block_m={block_m}"
@@ -872,6 +906,18 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
             "block_n {block_n} > {SM90A_ROWSUM_MMA_MAX_BN}: row sums by FADD in the softmax (the tensor-core \
              sums' 4 accumulators spilled at block_n 192)"
         ));
+    }
+    if tma_store_o {
+        reasons.push(format!(
+            "O through shared memory: each consumer warpgroup stages its 64 rows and one thread stores them by TMA \
+             (O's tensor map), the warpgroup going on to the next tile while they run ({o_stage} B of shared memory)"
+        ));
+    } else if tiles.tma_store_o {
+        reasons.push(if spec.layout == Layout::Dense {
+            format!("O by 16-byte stores from registers: the TMA stores' staging ({o_stage} B) does not fit beside the ring")
+        } else {
+            "O by 16-byte stores from registers: a TMA box would cross into the next sequence's rows".to_string()
+        });
     }
     reasons.push(if persistent {
         format!(
@@ -938,6 +984,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         softmax_under_pv,
         rowsum_mma,
         tail_first,
+        tma_store_o,
         head_major,
         cluster_m,
         bwd: None,
@@ -978,6 +1025,57 @@ impl fmt::Display for KernelPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tma_store_o_only_dense_and_where_its_staging_fits_beside_the_ring() {
+        use crate::spec::DType;
+        for (d, mask, layout, fits) in [
+            (64, Mask::CausalTopLeft, Layout::Dense, true),
+            (64, Mask::None, Layout::Thd, false),
+            (128, Mask::SlidingWindow, Layout::Dense, true),
+            (128, Mask::CausalBottomRight, Layout::Thd, false),
+            (128, Mask::CausalTopLeft, Layout::Dense, true),
+            (128, Mask::None, Layout::Dense, false),
+            (256, Mask::CausalTopLeft, Layout::Dense, false),
+        ] {
+            let spec = AttnSpec::fwd(DType::Bf16, d, mask, layout, Arch::Sm90a);
+            let base = default_sm90a_tiles(&spec);
+            assert!(!base.tma_store_o, "{spec}: off by default");
+            let off = plan_fwd_sm90a_with(&spec, base);
+            let on = plan_fwd_sm90a_with(
+                &spec,
+                Sm90aFwdTiles {
+                    tma_store_o: true,
+                    ..base
+                },
+            );
+            assert_eq!(on.tma_store_o, fits, "{spec}");
+            // Never at the cost of the ring: the tiles stay the same.
+            assert_eq!(
+                (on.block_n, on.stages, on.block_m),
+                (off.block_n, off.stages, off.block_m),
+                "{spec}"
+            );
+            let stage = if fits {
+                sm90a_o_stage_bytes(on.block_m / 64, on.head_dim_v_padded)
+            } else {
+                0
+            };
+            assert_eq!(on.smem_bytes, off.smem_bytes + stage, "{spec}");
+            assert!(on.smem_bytes <= spec.arch.max_smem_per_block(), "{spec}");
+            let src = crate::render::render(&on).unwrap().source;
+            assert!(src.contains(&format!("constexpr bool O_TMA = {fits};")), "{spec}");
+            // The fourth tensor map only with the option.
+            assert_eq!(src.contains("TmaMap to)"), fits, "{spec}");
+            assert!(
+                on.reasons
+                    .iter()
+                    .any(|r| r.starts_with("O through shared memory") || r.starts_with("O by 16-byte stores")),
+                "{spec}: {:?}",
+                on.reasons
+            );
+        }
+    }
 
     #[test]
     fn short_keys_variant_where_other_tiles_measured_faster_at_short_keys() {

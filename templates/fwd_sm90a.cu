@@ -38,6 +38,7 @@ constexpr bool ROWSUM_MMA = {{ rowsum_mma }};
 // Causal query blocks aligned to the sequence's end (plan's tail_first): the
 // partial block is the first (and shortest) one.
 constexpr bool TAIL_FIRST = {{ tail_first }};
+constexpr bool O_TMA = {{ tma_store_o }};
 // Clusters of two on the one-tile entry (plan's cluster_m; see `pair` below).
 constexpr int CLUSTER_M = {{ cluster_m }};
 // The one-tile entry's blocks in phases by tile length (common/order.cuh).
@@ -91,7 +92,13 @@ constexpr unsigned V_BYTES = BLOCK_N * 128 * V_CHUNKS;
 constexpr unsigned OFF_K = Q_BYTES;
 constexpr unsigned OFF_V = OFF_K + STAGES * K_BYTES;
 constexpr unsigned OFF_ONES = OFF_V + STAGES * V_BYTES;   // ROWSUM_MMA: one swizzle atom of ones (1024 B)
-constexpr unsigned OFF_BAR = OFF_ONES + (ROWSUM_MMA ? 1024u : 0u);   // q_full, q_empty, k_full[S], v_full[S], k_empty[S], v_empty[S]
+// O_TMA: each consumer warpgroup stages its 64 rows of O here, as V_CHUNKS
+// 64-column chunks of 128-byte swizzled rows (8 KB each, TMA's layout for the
+// O tensor map), and one thread stores them with TMA.
+constexpr unsigned O_STAGE_BYTES = 64u * 128u * V_CHUNKS;   // per consumer warpgroup
+constexpr unsigned OFF_O = OFF_ONES + (ROWSUM_MMA ? 1024u : 0u);
+constexpr unsigned OFF_BAR = OFF_O + (O_TMA ? CONSUMERS * O_STAGE_BYTES : 0u);   // q_full, q_empty, k_full[S], v_full[S], k_empty[S], v_empty[S]
+static_assert(!O_TMA || !IS_THD, "a TMA box would cross into the next sequence's rows");
 
 // One work tile: query rows [m0, m0 + BLOCK_M) of (batch b, head h), and the
 // key tiles [n_begin, n_begin + n_tiles * BLOCK_N) that they see. n_tiles is
@@ -240,7 +247,8 @@ __device__ __forceinline__ void wgmma_rowsum(float (&d)[4], const unsigned (&a)[
 // The kernel body of both entries; the tensor maps stay the entry's
 // __grid_constant__ parameters (TMA takes their parameter-space address).
 template <bool WALK>
-__device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, const TmaMap& tk, const TmaMap& tv) {
+__device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, const TmaMap& tk, const TmaMap& tv,
+                                          const TmaMap& to) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
     const unsigned sQ = base, sK = base + OFF_K, sV = base + OFF_V;
@@ -324,6 +332,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             tma_prefetch_map(&tq);
             tma_prefetch_map(&tk);
             tma_prefetch_map(&tv);
+            if constexpr (O_TMA) tma_prefetch_map(&to);
             unsigned ring_par = 0, ring_used = 0;        // per slot: fill parity; filled before
             int q_loads = 0;
             TILE_LOOP_BEGIN
@@ -691,6 +700,41 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         for (int r = 0; r < 2; ++r)
 #pragma unroll
             for (int g = 0; g < GROUPS; ++g) quad_transpose(v[r][g], t);   // this lane: n-tile 4g + t
+        if constexpr (O_TMA) {
+            // This warpgroup's 64 rows through shared memory, then one TMA
+            // store per 64-column chunk (rows past the sequence's end, or
+            // before its start, lie outside the tensor map and are not written).
+            // Lane (g, t) holds 16-byte unit 4 (grp % 2) + t of chunk grp / 2
+            // of rows g and g + 8; a row's units are swizzled by the row % 8 = g.
+            const unsigned s_o = base + OFF_O + (unsigned)cw * O_STAGE_BYTES;
+            const bool elected = tid % 128 == 0;
+            // The previous tile's stores must have read the staging first.
+            if (elected) bulk_wait_read<0>();
+            named_bar_sync(1 + CONSUMERS + cw, 128);
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int gr = 0; gr < GROUPS; ++gr)
+                    if ((4 * gr + t) * 8 < DV) {
+                        const unsigned row = (unsigned)(warp * 16 + g + 8 * r);
+                        const unsigned unit = (unsigned)(4 * (gr % 2) + t) ^ (unsigned)g;
+                        st_shared_v4(s_o + (unsigned)(gr / 2) * 8192u + row * 128u + unit * 16u, v[r][gr]);
+                    }
+            fence_proxy_async_shared();                  // the writes, visible to TMA
+            named_bar_sync(1 + CONSUMERS + cw, 128);
+            if (elected) {
+#pragma unroll
+                for (int c = 0; c < V_CHUNKS; ++c)
+                    tma_store_4d(&to, s_o + (unsigned)c * 8192u, c * 64, w.q_off + w.m0 + cw * 64, w.h, w.b);
+                bulk_commit();
+            }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int i = row0 + 8 * r;
+                if (i < w.sq && (!TAIL_FIRST || i >= 0) && t == 0 && gL != nullptr)
+                    gL[i] = l[r] > 0.f ? (row_max[0][r] + fast_log2(l[r])) * 0.6931471805599453f : NEG_INF;
+            }
+        } else {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int i = row0 + 8 * r;
@@ -704,8 +748,14 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
                     gL[i] = l[r] > 0.f ? (row_max[0][r] + fast_log2(l[r])) * 0.6931471805599453f : NEG_INF;
             }
         }
+        }
         TRACE(EV_EPI_DONE);
     TILE_LOOP_END
+    // O_TMA: the block's shared memory must outlive the last stores' reads,
+    // and their writes complete before the block retires.
+    if constexpr (O_TMA) {
+        if (tid % 128 == 0) bulk_wait<0>();
+    }
     if (pair) cluster_sync();
 #ifdef ATTNFORGE_TRACE
     if (tid % 128 == 0) trace_block_end();
@@ -714,13 +764,15 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {{ entry }}(const __grid_constant__ FwdParams p, const __grid_constant__ TmaMap tq,
-            const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv) {
-    fwd_tiles<false>(p, tq, tk, tv);
+            const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv{% if tma_store_o %},
+            const __grid_constant__ TmaMap to{% endif %}) {
+    fwd_tiles<false>(p, tq, tk, tv, {% if tma_store_o %}to{% else %}tv{% endif %});
 }
 {% if persistent %}
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {{ entry }}_walk(const __grid_constant__ FwdParams p, const __grid_constant__ TmaMap tq,
-                 const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv) {
-    fwd_tiles<true>(p, tq, tk, tv);
+                 const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv{% if tma_store_o %},
+                 const __grid_constant__ TmaMap to{% endif %}) {
+    fwd_tiles<true>(p, tq, tk, tv, {% if tma_store_o %}to{% else %}tv{% endif %});
 }
 {% endif %}

@@ -640,6 +640,23 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
                 ));
             }
         }
+        // O through shared memory by TMA stores (an option, off by default;
+        // dense), on the planner's tiles where its staging fits.
+        let tma_o = plan_fwd_sm90a_with(
+            spec,
+            Sm90aFwdTiles {
+                tma_store_o: true,
+                ..base
+            },
+        );
+        if tma_o.tma_store_o {
+            jobs.push(("fwd_sm90a.cu TMA O stores (option)", tma_o.clone(), Entry::Rule));
+            jobs.push((
+                "fwd_sm90a.cu TMA O stores (option), walk on 3 blocks",
+                tma_o,
+                Entry::Cap(3),
+            ));
+        }
         // The variant that calls with short keys take (plan::short_keys_tiles_why),
         // on the launcher's entry for the case.
         if let Some(short) = plan_variant(spec, Variant::ShortKeys).unwrap_or_else(|e| panic!("{spec}: {e}")) {

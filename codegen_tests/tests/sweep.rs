@@ -71,7 +71,7 @@ fn every_matrix_spec_compiles_without_spills() {
                         assert_eq!(r.origin, Origin::Compiled, "{spec}: a fresh cache must compile");
                         // Every entry takes the parameters the launcher passes
                         // (what launch::load asks the driver on a GPU).
-                        let want = attnforge::launch::expected_params(r.kernel.plan.template);
+                        let want = attnforge::launch::expected_params(&r.kernel.plan);
                         let entries = attnforge::compile::cubin_params(&r.kernel.cubin)
                             .ok_or_else(|| "the cubin's ELF does not parse".to_string())?;
                         if entries.is_empty() {
@@ -281,6 +281,28 @@ fn sm90a_forward_schedule_variants_compile_without_spills() {
         };
         let plan = plan_fwd_sm90a_with(&spec, tiles);
         assert_eq!(plan.cluster_m, 2, "{spec}");
+        let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} {tiles:?}: {e}"));
+        assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
+    }
+    // O through shared memory by TMA stores (off by default; dense) where
+    // the staging fits: d64's three consumers (with the end-aligned causal
+    // blocks too), d128 on three at block_n 80 and on two at 128, a head dim
+    // not a multiple of 64, and d_v 128 under d_qk 192.
+    for (spec, tail_first) in [
+        ("fwd.bf16.d64.causal-br.dense.sm90a", true),
+        ("fwd.f16.d128.causal-tl.dense.sm90a", false),
+        ("fwd.bf16.d128.window.dense.softcap.sm90a", false),
+        ("fwd.bf16.d40.none.dense.sm90a", false),
+        ("fwd.bf16.d192v128.causal-br.dense.sm90a", false),
+    ] {
+        let spec: AttnSpec = spec.parse().unwrap();
+        let tiles = Sm90aFwdTiles {
+            tma_store_o: true,
+            tail_first,
+            ..default_sm90a_tiles(&spec)
+        };
+        let plan = plan_fwd_sm90a_with(&spec, tiles);
+        assert!(plan.tma_store_o, "{spec}: the staging fits");
         let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} {tiles:?}: {e}"));
         assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
     }
