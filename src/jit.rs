@@ -303,12 +303,12 @@ impl Jit {
     fn build_uncached(&self, spec: &AttnSpec, variant: Variant) -> Result<BuildReport, Error> {
         let (variant, plan) = match plan_variant(spec, variant)? {
             Some(p) => (variant, p),
-            None => (
-                Variant::Main,
-                plan_variant(spec, Variant::Main)?.ok_or_else(|| Error::Other("no main plan".into()))?,
-            ),
+            // A spec without that variant: its main plan serves the call.
+            None => (Variant::Main, crate::plan::plan(spec)?),
         };
         let options = compile_options(&plan);
+        let disk_hit =
+            |plan, key, cubin, meta| BuildReport::new(spec, variant, plan, key, cubin, meta, Origin::Disk, None);
         let nvrtc_version = match self.nvrtc_version() {
             Ok(v) => v,
             Err(e) => {
@@ -317,16 +317,7 @@ impl Jit {
                 let any = alias_key(&plan, ANY_NVRTC, &options);
                 if let Some(key) = self.read_alias(&any) {
                     if let Lookup::Hit { cubin, meta, .. } = self.cache.get(&key) {
-                        return Ok(BuildReport::new(
-                            spec,
-                            variant,
-                            plan,
-                            key,
-                            cubin,
-                            meta,
-                            Origin::Disk,
-                            None,
-                        ));
+                        return Ok(disk_hit(plan, key, cubin, meta));
                     }
                 }
                 return Err(e);
@@ -337,16 +328,7 @@ impl Jit {
         let alias = alias_key(&plan, &nvrtc_version, &options);
         if let Some(key) = self.read_alias(&alias) {
             if let Lookup::Hit { cubin, meta, .. } = self.cache.get(&key) {
-                return Ok(BuildReport::new(
-                    spec,
-                    variant,
-                    plan,
-                    key,
-                    cubin,
-                    meta,
-                    Origin::Disk,
-                    None,
-                ));
+                return Ok(disk_hit(plan, key, cubin, meta));
             }
         }
         let rendered = render(&plan)?;
@@ -355,16 +337,7 @@ impl Jit {
         match self.cache.get(&key) {
             Lookup::Hit { cubin, meta, .. } => {
                 self.write_aliases(&plan, &alias, &options, &key);
-                return Ok(BuildReport::new(
-                    spec,
-                    variant,
-                    plan,
-                    key,
-                    cubin,
-                    meta,
-                    Origin::Disk,
-                    None,
-                ));
+                return Ok(disk_hit(plan, key, cubin, meta));
             }
             Lookup::Corrupt { path, reason } => {
                 let msg = format!("corrupt cache entry {} ({reason}); recompiling", path.display());

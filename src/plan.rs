@@ -525,6 +525,13 @@ pub fn short_keys_tiles(spec: &AttnSpec) -> Option<Sm90aFwdTiles> {
     short_keys_tiles_why(spec).map(|(t, _)| t)
 }
 
+/// Every variant a call of `spec` may take: [`Variant::Main`], then
+/// [`Variant::ShortKeys`] where the spec has it (what `attnforge prebuild`
+/// and the coverage sweep build).
+pub fn variants(spec: &AttnSpec) -> impl Iterator<Item = Variant> {
+    std::iter::once(Variant::Main).chain(short_keys_tiles(spec).map(|_| Variant::ShortKeys))
+}
+
 /// The plan of one variant of a spec: [`plan`] for [`Variant::Main`],
 /// `None` where the spec has no such variant.
 pub fn plan_variant(spec: &AttnSpec, variant: Variant) -> Result<Option<KernelPlan>, PlanError> {

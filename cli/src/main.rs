@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use attnforge::compile::{CompileRequest, Emit, Nvrtc};
 use attnforge::jit::{Jit, Origin};
-use attnforge::plan::{short_keys_tiles, Variant};
+use attnforge::plan::{short_keys_tiles, variants, Variant};
 use attnforge::{launch, matrix, plan, render, Arch, AttnSpec};
 use attnforge_cache::{format_size, parse_size, Cache, CacheConfig};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -195,13 +195,7 @@ fn prebuild(arch: &[String], matrix_arg: &str, jobs: Option<usize>, quiet: bool)
     let specs = matrix::expand(&text, &archs).map_err(|e| format!("{matrix_arg}: {e}"))?;
     // Every kernel a call may take: the planner's, and the short-keys variant
     // where the spec has one (chosen per call by the keys' length).
-    let kernels: Vec<(AttnSpec, Variant)> = specs
-        .iter()
-        .flat_map(|s| {
-            let short = short_keys_tiles(s).map(|_| (*s, Variant::ShortKeys));
-            std::iter::once((*s, Variant::Main)).chain(short)
-        })
-        .collect();
+    let kernels: Vec<(AttnSpec, Variant)> = specs.iter().flat_map(|s| variants(s).map(move |v| (*s, v))).collect();
     // Fail early, with the real reason, when NVRTC is missing.
     Nvrtc::get().map_err(|e| e.to_string())?;
     let jit = Jit::new(Cache::open(CacheConfig::from_env()));

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use attnforge::compile::Nvrtc;
 use attnforge::jit::{Jit, Origin};
-use attnforge::plan::{short_keys_tiles, Variant};
+use attnforge::plan::{variants, Variant};
 use attnforge::{matrix, Arch, AttnSpec};
 use attnforge_cache::{Cache, CacheConfig};
 
@@ -43,13 +43,7 @@ fn every_matrix_spec_compiles_without_spills() {
     assert!(!specs.is_empty());
     // Every kernel a call may take: the planner's, and the short-keys variant
     // where the spec has one (as `attnforge prebuild` builds them).
-    let kernels: Vec<(AttnSpec, Variant)> = specs
-        .iter()
-        .flat_map(|s| {
-            let short = short_keys_tiles(s).map(|_| (*s, Variant::ShortKeys));
-            std::iter::once((*s, Variant::Main)).chain(short)
-        })
-        .collect();
+    let kernels: Vec<(AttnSpec, Variant)> = specs.iter().flat_map(|s| variants(s).map(move |v| (*s, v))).collect();
     assert!(
         kernels.len() > specs.len(),
         "the matrix has specs with a short-keys variant"
