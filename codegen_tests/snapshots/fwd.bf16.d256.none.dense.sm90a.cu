@@ -1263,18 +1263,18 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             }
         } else {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int i = row0 + 8 * r;
-            if (i < w.sq && (!TAIL_FIRST || i >= 0)) {
-                elem_t* row = gO + i * p.o_ss + 8 * t;
+            for (int r = 0; r < 2; ++r) {
+                const int i = row0 + 8 * r;
+                if (i < w.sq && (!TAIL_FIRST || i >= 0)) {
+                    elem_t* row = gO + i * p.o_ss + 8 * t;
 #pragma unroll
-                for (int g = 0; g < GROUPS; ++g)
-                    if ((4 * g + t) * 8 < D_V)
-                        *reinterpret_cast<uint4*>(row + 32 * g) = make_uint4(v[r][g][0], v[r][g][1], v[r][g][2], v[r][g][3]);
-                if (t == 0 && gL != nullptr)
-                    gL[i] = l[r] > 0.f ? (row_max[0][r] + fast_log2(l[r])) * 0.6931471805599453f : NEG_INF;
+                    for (int g = 0; g < GROUPS; ++g)
+                        if ((4 * g + t) * 8 < D_V)
+                            *reinterpret_cast<uint4*>(row + 32 * g) = make_uint4(v[r][g][0], v[r][g][1], v[r][g][2], v[r][g][3]);
+                    if (t == 0 && gL != nullptr)
+                        gL[i] = l[r] > 0.f ? (row_max[0][r] + fast_log2(l[r])) * 0.6931471805599453f : NEG_INF;
+                }
             }
-        }
         }
         TRACE(EV_EPI_DONE);
     TILE_LOOP_END
