@@ -211,6 +211,64 @@ fn the_sm80_path_on_sm90a_by_request() {
 }
 
 #[test]
+fn the_short_keys_variant_by_request() {
+    // The planner's plan names the variant; --path short-keys prints it.
+    let spec = "fwd.bf16.d128.causal-tl.dense.sm90a";
+    let out = run(bin().args(["plan", spec]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(
+        s.contains("block_m=192") && s.contains("calls with keys up to 1024 take the short-keys plan"),
+        "{s}"
+    );
+    let out = run(bin().args(["plan", spec, "--path", "short-keys"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(
+        s.contains("block_m=128 block_n=128") && s.contains("variant for short keys"),
+        "{s}"
+    );
+    // A spec without one, and a backward: clean errors that say so.
+    for other in ["fwd.bf16.d256.none.dense.sm90a", "bwd.bf16.d128.causal-tl.dense.sm90a"] {
+        assert_clean_failure(
+            &run(bin().args(["plan", other, "--path", "short-keys"])),
+            "has no short-keys variant",
+        );
+    }
+    let out = run(bin().args(["plan", "fwd.bf16.d256.none.dense.sm90a"]));
+    assert!(!text(&out.stdout).contains("short-keys plan"));
+    if !nvrtc_available() {
+        return;
+    }
+    // Its cubin goes through the cache: compiled once, then a disk hit in a new process.
+    let dir = tempfile::tempdir().unwrap();
+    let cubin = dir.path().join("k.cubin");
+    let compile = || {
+        run(bin()
+            .args([
+                "compile",
+                "fwd.bf16.d64.causal-br.dense.sm90a",
+                "--path",
+                "short-keys",
+                "-o",
+            ])
+            .arg(&cubin)
+            .env("ATTNFORGE_CACHE_DIR", dir.path().join("cache"))
+            .env_remove("ATTNFORGE_CACHE_PATH"))
+    };
+    let first = compile();
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    assert!(
+        text(&first.stderr).contains("(Compiled, key"),
+        "{}",
+        text(&first.stderr)
+    );
+    let second = compile();
+    assert!(text(&second.stderr).contains("(Disk, key"), "{}", text(&second.stderr));
+    assert!(text(&second.stderr).contains("0/0 B spill"), "{}", text(&second.stderr));
+}
+
+#[test]
 fn prebuild_then_hits_then_repairs_a_damaged_entry() {
     if !nvrtc_available() {
         return;
