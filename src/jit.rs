@@ -442,6 +442,36 @@ mod tests {
     use crate::plan::{default_fwd_tiles, plan, plan_fwd_sm80_with, Template};
 
     #[test]
+    fn variants_are_separate_kernels_and_a_missing_one_is_the_main_kernel() {
+        if Nvrtc::get().is_err() {
+            if std::env::var_os("ATTNFORGE_REQUIRE_NVRTC").is_some_and(|v| v != "0") {
+                panic!("ATTNFORGE_REQUIRE_NVRTC is set but NVRTC is missing");
+            }
+            println!("skipped: NVRTC not found");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let jit = Jit::new(Cache::open(CacheConfig::with_user_root(tmp.path())));
+        let spec: AttnSpec = "fwd.bf16.d64.causal-br.dense.sm90a".parse().unwrap();
+        let main = jit.get_or_build(&spec).unwrap();
+        let short = jit.get_or_build_variant(&spec, Variant::ShortKeys).unwrap();
+        assert_eq!((main.variant, short.variant), (Variant::Main, Variant::ShortKeys));
+        assert_eq!((main.plan.block_m, short.plan.block_m), (192, 128));
+        assert_ne!(main.key, short.key);
+        // Memoized per (spec, variant).
+        assert!(Arc::ptr_eq(
+            &short,
+            &jit.memo_get_variant(&spec, Variant::ShortKeys).unwrap()
+        ));
+        assert!(Arc::ptr_eq(&main, &jit.memo_get(&spec).unwrap()));
+        // A spec without the variant: its main kernel serves the call.
+        let none: AttnSpec = "fwd.bf16.d256.none.dense.sm90a".parse().unwrap();
+        let k = jit.get_or_build_variant(&none, Variant::ShortKeys).unwrap();
+        assert_eq!(k.variant, Variant::Main);
+        assert_eq!(k.key, jit.get_or_build(&none).unwrap().key);
+    }
+
+    #[test]
     fn build_plan_compiles_a_plan_the_planner_did_not_choose() {
         let nvrtc = match Nvrtc::get() {
             Ok(n) => n,
