@@ -700,6 +700,11 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         for (int r = 0; r < 2; ++r)
 #pragma unroll
             for (int g = 0; g < GROUPS; ++g) quad_transpose(v[r][g], t);   // this lane: n-tile 4g + t
+        // LSE (f32, natural log; -inf where a row saw no key) of this thread's row r, i.
+        auto store_lse = [&](int r, int i) {
+            if (t == 0 && gL != nullptr)
+                gL[i] = l[r] > 0.f ? (row_max[0][r] + fast_log2(l[r])) * 0.6931471805599453f : NEG_INF;
+        };
         if constexpr (O_TMA) {
             // This warpgroup's 64 rows through shared memory, then one TMA
             // store per 64-column chunk (rows past the sequence's end, or
@@ -731,8 +736,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int i = row0 + 8 * r;
-                if (i < w.sq && (!TAIL_FIRST || i >= 0) && t == 0 && gL != nullptr)
-                    gL[i] = l[r] > 0.f ? (row_max[0][r] + fast_log2(l[r])) * 0.6931471805599453f : NEG_INF;
+                if (i < w.sq && (!TAIL_FIRST || i >= 0)) store_lse(r, i);
             }
         } else {
 #pragma unroll
@@ -744,8 +748,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
                     for (int g = 0; g < GROUPS; ++g)
                         if ((4 * g + t) * 8 < D_V)
                             *reinterpret_cast<uint4*>(row + 32 * g) = make_uint4(v[r][g][0], v[r][g][1], v[r][g][2], v[r][g][3]);
-                    if (t == 0 && gL != nullptr)
-                        gL[i] = l[r] > 0.f ? (row_max[0][r] + fast_log2(l[r])) * 0.6931471805599453f : NEG_INF;
+                    store_lse(r, i);
                 }
             }
         }
