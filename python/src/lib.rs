@@ -536,8 +536,8 @@ impl FwdLaunch {
                 direction: Direction::Fwd,
             })?;
         backend.call_fwd(call, &self.support)?;
-        // The variant the dispatcher took for this problem (by its keys' length).
-        let variant = attnforge::plan::Variant::for_keys(&self.spec, self.problem.seqlen_k);
+        // The variant the dispatcher took for this call (by its keys' length).
+        let variant = GeneratedBackend::fwd_variant(call, &self.spec);
         if let Some(kernel) = Jit::global().memo_get_variant(&self.spec, variant) {
             if let (Ok(loaded), Some(ctx)) = (launch::load(&kernel), current_context()) {
                 if let Ok(mut g) = self.loaded.lock() {
