@@ -441,13 +441,25 @@ mod tests {
     use crate::compile::CompileError;
     use crate::plan::{default_fwd_tiles, plan, plan_fwd_sm80_with, Template};
 
+    /// NVRTC, or `None` (the test skips and says so) where it is missing and
+    /// not required (`ATTNFORGE_REQUIRE_NVRTC`); found but unusable fails.
+    fn nvrtc_or_skip() -> Option<&'static Nvrtc> {
+        match Nvrtc::get() {
+            Ok(n) => Some(n),
+            Err(e @ CompileError::NotFound { .. }) => {
+                if std::env::var_os("ATTNFORGE_REQUIRE_NVRTC").is_some_and(|v| v != "0") {
+                    panic!("ATTNFORGE_REQUIRE_NVRTC is set but NVRTC is missing: {e}");
+                }
+                println!("skipped: NVRTC not found");
+                None
+            }
+            Err(e) => panic!("NVRTC found but unusable: {e}"),
+        }
+    }
+
     #[test]
     fn variants_are_separate_kernels_and_a_missing_one_is_the_main_kernel() {
-        if Nvrtc::get().is_err() {
-            if std::env::var_os("ATTNFORGE_REQUIRE_NVRTC").is_some_and(|v| v != "0") {
-                panic!("ATTNFORGE_REQUIRE_NVRTC is set but NVRTC is missing");
-            }
-            println!("skipped: NVRTC not found");
+        if nvrtc_or_skip().is_none() {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();
@@ -473,16 +485,8 @@ mod tests {
 
     #[test]
     fn build_plan_compiles_a_plan_the_planner_did_not_choose() {
-        let nvrtc = match Nvrtc::get() {
-            Ok(n) => n,
-            Err(e @ CompileError::NotFound { .. }) => {
-                if std::env::var_os("ATTNFORGE_REQUIRE_NVRTC").is_some_and(|v| v != "0") {
-                    panic!("ATTNFORGE_REQUIRE_NVRTC is set but NVRTC is missing: {e}");
-                }
-                println!("skipped: NVRTC not found");
-                return;
-            }
-            Err(e) => panic!("NVRTC found but unusable: {e}"),
+        let Some(nvrtc) = nvrtc_or_skip() else {
+            return;
         };
         let spec: AttnSpec = "fwd.bf16.d64.causal-br.dense.sm90a".parse().unwrap();
         let planned = plan(&spec).unwrap();
