@@ -451,37 +451,34 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
     let mut results = results.into_inner().expect("results");
     results.sort_by_key(|r| r.0);
     for (_, d, causal, spec, tiles, r) in results {
-        {
-            {
-                let plan = plan_fwd_sm90a_with(&spec, tiles);
-                let (bn, st, pp) = (plan.block_n, plan.stages, plan.pingpong);
-                match r {
-                    Ok(k) => {
-                        let spills = k.meta.spill_stores + k.meta.spill_loads;
-                        println!(
-                            "tune90 {spec} {tiles:?}: bn={bn} stages={st} pingpong={pp} regs={} spills={spills} B",
-                            k.meta.registers
-                        );
-                        if let Some(dir) = std::env::var_os("ATTNFORGE_TUNE_CUBINS") {
-                            // For reading the machine code (cuobjdump --dump-sass) without a GPU.
-                            let name = format!(
-                                "{spec}.c{}.bn{bn}.st{st}{}{}{}{}.cubin",
-                                tiles.consumers,
-                                if tiles.persistent { ".walk" } else { "" },
-                                if tiles.head_major { "" } else { ".qbm" },
-                                if k.plan.tma_store_o { ".tmao" } else { "" },
-                                if k.plan.rowsum_mma { ".rowsum" } else { "" }
-                            );
-                            std::fs::create_dir_all(&dir).expect("cubin dir");
-                            std::fs::write(std::path::Path::new(&dir).join(name), &k.cubin).expect("write cubin");
-                        }
-                        if spills == 0 {
-                            built.push((d, causal, tiles, k));
-                        }
-                    }
-                    Err(e) => println!("tune90 {spec} {tiles:?}: {e}"),
-                }
+        let k = match r {
+            Ok(k) => k,
+            Err(e) => {
+                println!("tune90 {spec} {tiles:?}: {e}");
+                continue;
             }
+        };
+        let (bn, st, pp) = (k.plan.block_n, k.plan.stages, k.plan.pingpong);
+        let spills = k.meta.spill_stores + k.meta.spill_loads;
+        println!(
+            "tune90 {spec} {tiles:?}: bn={bn} stages={st} pingpong={pp} regs={} spills={spills} B",
+            k.meta.registers
+        );
+        if let Some(dir) = std::env::var_os("ATTNFORGE_TUNE_CUBINS") {
+            // For reading the machine code (cuobjdump --dump-sass) without a GPU.
+            let name = format!(
+                "{spec}.c{}.bn{bn}.st{st}{}{}{}{}.cubin",
+                tiles.consumers,
+                if tiles.persistent { ".walk" } else { "" },
+                if tiles.head_major { "" } else { ".qbm" },
+                if k.plan.tma_store_o { ".tmao" } else { "" },
+                if k.plan.rowsum_mma { ".rowsum" } else { "" }
+            );
+            std::fs::create_dir_all(&dir).expect("cubin dir");
+            std::fs::write(std::path::Path::new(&dir).join(name), &k.cubin).expect("write cubin");
+        }
+        if spills == 0 {
+            built.push((d, causal, tiles, k));
         }
     }
     if !launch::driver_available() {
