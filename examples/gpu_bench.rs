@@ -248,11 +248,26 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
         m_tiles_per_warp,
         block_n,
         stages,
+        head_major: true,
+    };
+    // The planner's shape also in the query-block-major order (` qbm`).
+    let qbm = |tiles: FwdTiles| FwdTiles {
+        head_major: false,
+        ..tiles
     };
     let variants: &[(usize, &[FwdTiles])] = &[
-        (64, &[t(4, 2, 128, 1), t(4, 2, 64, 2), t(4, 2, 64, 1)]),
-        (128, &[t(4, 2, 32, 1), t(4, 2, 32, 2), t(4, 2, 64, 1)]),
-        (256, &[t(8, 1, 64, 1), t(8, 1, 64, 2), t(4, 1, 64, 1)]),
+        (
+            64,
+            &[qbm(t(4, 2, 64, 2)), t(4, 2, 64, 2), t(4, 2, 128, 1), t(4, 2, 64, 1)],
+        ),
+        (
+            128,
+            &[qbm(t(4, 2, 32, 1)), t(4, 2, 32, 1), t(4, 2, 32, 2), t(4, 2, 64, 1)],
+        ),
+        (
+            256,
+            &[qbm(t(8, 1, 64, 1)), t(8, 1, 64, 1), t(8, 1, 64, 2), t(4, 1, 64, 1)],
+        ),
     ];
     let s = 8192;
     for (d, vs) in variants {
@@ -279,11 +294,12 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
                 );
                 let tf = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 } / ms / 1e9;
                 println!(
-                    "tune d={d:<3} causal={causal:<5} warps={} mt={} bn={:<3} stages={} regs={:<3} spills={:<3} smem={:<6} {tf:6.1} TFLOP/s",
+                    "tune d={d:<3} causal={causal:<5} warps={} mt={} bn={:<3} stages={}{} regs={:<3} spills={:<3} smem={:<6} {tf:6.1} TFLOP/s",
                     tiles.num_warps,
                     tiles.m_tiles_per_warp,
                     k.plan.block_n,
                     k.plan.stages,
+                    if k.plan.head_major { "" } else { " qbm" },
                     k.meta.registers,
                     k.meta.spill_stores + k.meta.spill_loads,
                     k.plan.smem_bytes

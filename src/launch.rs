@@ -288,6 +288,13 @@ pub fn check_fwd(plan: &KernelPlan, a: &FwdArgs) -> Result<Option<(FwdParams, La
             if bh > i32::MAX as u64 {
                 return Err(invalid("batch", "batch * heads_q exceeds 2^31 - 1"));
             }
+            // The head-major order numbers the blocks in 32 bits.
+            if plan.head_major && bh * num_m_blocks as u64 > u32::MAX as u64 {
+                return Err(invalid(
+                    "batch",
+                    format!("batch * heads_q * {num_m_blocks} query blocks exceeds 2^32 blocks"),
+                ));
+            }
             (bh as u32, num_m_blocks, 1)
         }
     };
@@ -1527,6 +1534,30 @@ mod tests {
         assert_eq!(params.lse_sb, 8 * 1000);
         let expect = (1.0 / 128f32.sqrt()) * LOG2_E;
         assert!((params.scale_log2 - expect).abs() < 1e-7);
+    }
+
+    #[test]
+    fn head_major_sm80_grid_stays_below_2_pow_32_blocks() {
+        use crate::plan::{default_fwd_tiles, plan_fwd_sm80_with, FwdTiles};
+        let spec = AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Dense, Arch::Sm80);
+        let order = |head_major| {
+            plan_fwd_sm80_with(
+                &spec,
+                FwdTiles {
+                    head_major,
+                    ..default_fwd_tiles(&spec)
+                },
+            )
+        };
+        // 2^26 (batch, head) pairs of 65 query blocks: 2^32 < blocks, grid.x < 2^31.
+        let a = dense_args(1 << 16, 1 << 10, 1 << 10, 65 * order(true).block_m, 64, 128);
+        assert!(check_fwd(&order(false), &a).is_ok());
+        assert!(matches!(
+            check_fwd(&order(true), &a),
+            Err(LaunchError::InvalidArgument { arg: "batch", .. })
+        ));
+        let fits = dense_args(1 << 16, 1 << 10, 1 << 10, 63 * order(true).block_m, 64, 128);
+        assert!(check_fwd(&order(true), &fits).is_ok());
     }
 
     #[test]

@@ -147,8 +147,8 @@ pub struct KernelPlan {
     /// consecutive, instead of all heads of one tile at a time. sm90a
     /// forward: query blocks (the blocks in flight share K and V in L2).
     /// Backward: kv tiles (they share Q, dO, LSE and the dQ accumulator), and
-    /// in deterministic mode the dQ kernel's query tiles (K and V). Absent
-    /// from sm80 forward plans.
+    /// in deterministic mode the dQ kernel's query tiles (K and V). sm80
+    /// forward: query blocks, as FlashAttention-2's grid orders them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub head_major: bool,
     /// sm90a forward only: 2 = the one-tile entry can run as clusters of two
@@ -250,6 +250,9 @@ pub struct FwdTiles {
     pub m_tiles_per_warp: u32,
     pub block_n: u32,
     pub stages: u32,
+    /// Blocks take one (batch, head)'s query blocks consecutively (see
+    /// [`KernelPlan::head_major`]) rather than one query block of every head.
+    pub head_major: bool,
 }
 
 /// The tile shape the planner picks for a spec (see `docs/kernels.md` for the
@@ -290,6 +293,10 @@ pub fn default_fwd_tiles(spec: &AttnSpec) -> FwdTiles {
         m_tiles_per_warp,
         block_n,
         stages,
+        // FlashAttention-2's (and the sm90a forward's) head-major order is an
+        // option here until it is timed against this one (gpu_bench --tune
+        // runs both; predicted +2-8% from 2k without a mask, session 25).
+        head_major: false,
     }
 }
 
@@ -324,6 +331,7 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
         m_tiles_per_warp,
         mut block_n,
         stages,
+        head_major,
     } = tiles;
     let block_m = 16 * m_tiles_per_warp * num_warps;
     reasons.push(format!(
@@ -348,6 +356,13 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
     // One block's barrier and load waits hide behind another block's MMAs
     // when two fit on an SM; launch bounds then cap registers at 255.
     let min_blocks_per_sm = if num_warps <= 4 { 2 } else { 1 };
+    if head_major {
+        reasons.push(
+            "head-major block order: one (batch, head)'s query blocks run consecutively (longest causal first), \
+             so the blocks in flight share its K and V in L2"
+                .into(),
+        );
+    }
 
     KernelPlan {
         spec: *spec,
@@ -373,7 +388,7 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
         rowsum_mma: false,
         tail_first: false,
         tma_store_o: false,
-        head_major: false,
+        head_major,
         cluster_m: 1,
         bwd: None,
     }
@@ -1327,6 +1342,7 @@ mod tests {
             m_tiles_per_warp: 2,
             block_n: 32,
             stages,
+            head_major: true,
         };
         assert_eq!(plan_fwd_sm80_with(&spec, t(0)).stages, 1);
         assert_eq!(plan_fwd_sm80_with(&spec, t(3)).stages, 2);

@@ -101,6 +101,7 @@ struct FwdContext {
     is_thd: bool,
     softcap: bool,
     min_blocks: u32,
+    head_major: bool,
 }
 
 /// The values the sm90a forward template sees.
@@ -355,6 +356,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
             is_thd: spec.layout == Layout::Thd,
             softcap: spec.softcap,
             min_blocks: plan.min_blocks_per_sm,
+            head_major: plan.head_major,
         })
         .map_err(ctx_err)?,
     };
@@ -406,6 +408,25 @@ mod tests {
         let mut b = a;
         b.softcap = true;
         assert_ne!(render(&pa).unwrap().source, render(&plan(&b).unwrap()).unwrap().source);
+    }
+
+    #[test]
+    fn sm80_forward_block_order_reaches_the_source() {
+        for s in ["fwd.bf16.d128.causal-tl.dense.sm80", "fwd.f16.d64.none.thd.sm86"] {
+            let mut p = plan(&s.parse().unwrap()).unwrap();
+            assert!(
+                !p.head_major,
+                "{s}: query-block-major by default (head-major is an option)"
+            );
+            let old = render(&p).unwrap().source;
+            p.head_major = true;
+            let hm = render(&p).unwrap().source;
+            assert!(hm.contains("const int bh = (int)(lin / gridDim.y);"), "{s}");
+            assert!(
+                !old.contains("lin / gridDim.y") && old.contains("const int bh = blockIdx.x;"),
+                "{s}"
+            );
+        }
     }
 
     #[test]

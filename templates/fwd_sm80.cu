@@ -36,10 +36,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
     elem_t* sV = sK + STAGES * BLOCK_N * PITCH_QK;       // [STAGES][BLOCK_N][PITCH_V]
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+{%- if head_major %}
+    // Head-major: the hardware starts blocks in linear order (x fastest), and
+    // consecutive blocks take one (batch, head)'s query blocks, so the blocks
+    // in flight read the same K and V from L2 instead of every head's.
+    // (The launcher keeps the grid below 2^32 blocks.)
+    const unsigned lin = blockIdx.y * gridDim.x + blockIdx.x;
+    const int bh = (int)(lin / gridDim.y);
+    const int m_block = gridDim.y - 1 - (int)(lin % gridDim.y);   // longest causal tiles first
+{%- else %}
     const int bh = blockIdx.x;
+    const int m_block = gridDim.y - 1 - blockIdx.y;      // longest causal tiles first
+{%- endif %}
     const int b = bh / p.heads_q, h = bh % p.heads_q;
     const int hk = h / p.gqa_ratio;
-    const int m_block = gridDim.y - 1 - blockIdx.y;      // longest causal tiles first
 
     int sq = p.seqlen_q, sk = p.seqlen_k, q_off = 0, k_off = 0;
     if constexpr (IS_THD) {

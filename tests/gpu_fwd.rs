@@ -547,7 +547,7 @@ fn main() {
 fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel, Entry)> {
     use attnforge::plan::{
         default_fwd_tiles, default_sm90a_tiles, plan_fwd_sm80_with, plan_fwd_sm90a_with, plan_variant,
-        short_keys_tiles, GridRule, Sm90aFwdTiles, Template, Variant,
+        short_keys_tiles, FwdTiles, GridRule, Sm90aFwdTiles, Template, Variant,
     };
     let planned = attnforge::get_or_build(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
     let mut v = vec![(planned.plan.template.file(), (*planned).clone(), Entry::Rule)];
@@ -663,13 +663,22 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
             jobs.push(("fwd_sm90a.cu short-keys variant", short, Entry::Rule));
         }
     }
+    let sm80 = default_fwd_tiles(spec);
     if planned.plan.template != Template::FwdSm80 {
-        jobs.push((
-            Template::FwdSm80.file(),
-            plan_fwd_sm80_with(spec, default_fwd_tiles(spec)),
-            Entry::Rule,
-        ));
+        jobs.push((Template::FwdSm80.file(), plan_fwd_sm80_with(spec, sm80), Entry::Rule));
     }
+    // The sm80-path forward in its other block order (head-major, an option).
+    jobs.push((
+        "fwd_sm80.cu other block order",
+        plan_fwd_sm80_with(
+            spec,
+            FwdTiles {
+                head_major: !sm80.head_major,
+                ..sm80
+            },
+        ),
+        Entry::Rule,
+    ));
     // The other kernels compile in parallel (two entries each take NVRTC
     // about twice as long), in the order of `jobs`.
     let built: Vec<_> = std::thread::scope(|s| {

@@ -464,9 +464,9 @@ attnforge_fwd_bf16_d128_none_dense_sm80(const FwdParams p) {
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int bh = blockIdx.x;
+    const int m_block = gridDim.y - 1 - blockIdx.y;      // longest causal tiles first
     const int b = bh / p.heads_q, h = bh % p.heads_q;
     const int hk = h / p.gqa_ratio;
-    const int m_block = gridDim.y - 1 - blockIdx.y;      // longest causal tiles first
 
     int sq = p.seqlen_q, sk = p.seqlen_k, q_off = 0, k_off = 0;
     if constexpr (IS_THD) {
