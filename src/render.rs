@@ -421,7 +421,10 @@ mod tests {
             let old = render(&p).unwrap().source;
             p.head_major = true;
             let hm = render(&p).unwrap().source;
-            assert!(hm.contains("const int bh = (int)(lin / gridDim.y);"), "{s}");
+            assert!(hm.contains("bh = (int)(lin / gridDim.y);"), "{s}");
+            // Dense causal grids in the launcher's phases (common/order.cuh).
+            assert!(hm.contains("phase_tile(lin, (int)gridDim.y, p.tile_phases)"), "{s}");
+            assert!(!old.contains("phase_tile("), "{s}");
             assert!(
                 !old.contains("lin / gridDim.y") && old.contains("const int bh = blockIdx.x;"),
                 "{s}"

@@ -27,6 +27,9 @@ constexpr bool SOFTCAP = {{ softcap }};
 {% include "common/fwd_params.cuh" %}
 
 {% include "common/tile.cuh" %}
+{%- if head_major %}
+{% include "common/order.cuh" %}
+{%- endif %}
 
 extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
 {{ entry }}(const FwdParams p) {
@@ -40,10 +43,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
     // Head-major: the hardware starts blocks in linear order (x fastest), and
     // consecutive blocks take one (batch, head)'s query blocks, so the blocks
     // in flight read the same K and V from L2 instead of every head's.
-    // (The launcher keeps the grid below 2^32 blocks.)
+    // Dense causal grids go in p.tile_phases phases by length (common/order.cuh),
+    // so that the last heads' longest blocks do not start at the end. (The
+    // launcher keeps the grid below 2^32 blocks.)
     const unsigned lin = blockIdx.y * gridDim.x + blockIdx.x;
-    const int bh = (int)(lin / gridDim.y);
-    const int m_block = gridDim.y - 1 - (int)(lin % gridDim.y);   // longest causal tiles first
+    int bh, m_block;
+    if constexpr ((MASK_KIND == 1 || MASK_KIND == 2) && !IS_THD) {
+        const PhaseTile pt = phase_tile(lin, (int)gridDim.y, p.tile_phases);
+        bh = pt.bh;
+        m_block = gridDim.y - 1 - pt.tile;               // tile 0: the longest
+    } else {
+        bh = (int)(lin / gridDim.y);
+        m_block = gridDim.y - 1 - (int)(lin % gridDim.y);
+    }
 {%- else %}
     const int bh = blockIdx.x;
     const int m_block = gridDim.y - 1 - blockIdx.y;      // longest causal tiles first

@@ -667,18 +667,31 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
     if planned.plan.template != Template::FwdSm80 {
         jobs.push((Template::FwdSm80.file(), plan_fwd_sm80_with(spec, sm80), Entry::Rule));
     }
-    // The sm80-path forward in its other block order (head-major, an option).
-    jobs.push((
-        "fwd_sm80.cu other block order",
-        plan_fwd_sm80_with(
-            spec,
-            FwdTiles {
-                head_major: !sm80.head_major,
-                ..sm80
-            },
-        ),
-        Entry::Rule,
-    ));
+    // The sm80-path forward in its other block order (head-major is an
+    // option), and head-major dense causal grids in three phases by length
+    // whatever the rule would take for the case's query blocks.
+    let other = plan_fwd_sm80_with(
+        spec,
+        FwdTiles {
+            head_major: !sm80.head_major,
+            ..sm80
+        },
+    );
+    jobs.push(("fwd_sm80.cu other block order", other, Entry::Rule));
+    let head_major = plan_fwd_sm80_with(
+        spec,
+        FwdTiles {
+            head_major: true,
+            ..sm80
+        },
+    );
+    if matches!(
+        spec.mask,
+        attnforge::Mask::CausalTopLeft | attnforge::Mask::CausalBottomRight
+    ) && spec.layout == attnforge::Layout::Dense
+    {
+        jobs.push(("fwd_sm80.cu head-major, 3 phases", head_major, Entry::Phases(3)));
+    }
     // The other kernels compile in parallel (two entries each take NVRTC
     // about twice as long), in the order of `jobs`.
     let built: Vec<_> = std::thread::scope(|s| {
