@@ -5,7 +5,10 @@
 # named as gpu_bench looks them up, into DIR
 # (default .gpu/ab), each with its plan beside it ({cubin}.plan.json: the
 # A/B launches the cubin with that revision's launch geometry).
-#   usage: [AB_TARGET_DIR=DIR] scripts/ab-cubins.sh REV [DIR]      (NVRTC as for `make sweep`)
+#   usage: [AB_TARGET_DIR=DIR] [AB_ONLY=GLOB] scripts/ab-cubins.sh REV [DIR]      (NVRTC as for `make sweep`)
+# AB_ONLY keeps only the cubins (and plans) whose names match GLOB, e.g.
+# 'fwd.*.sm80path.cubin*' for a change to the sm80-path forward: the A/B skips
+# the cells a dir has no cubin for (and the device call carries less).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rev=${1:?usage: scripts/ab-cubins.sh REV [DIR]}
@@ -49,4 +52,7 @@ for spec in fwd.bf16.d64.none.dense.sm90a fwd.bf16.d64.causal-tl.dense.sm90a \
     && "$cli" plan "$spec" --path sm80 --json > "$dir/$spec.sm80path.cubin.plan.json" \
     || echo "ab-cubins: $rev's CLI has no --path: no sm80-path cubin for $spec"
 done
+if [ -n "${AB_ONLY:-}" ]; then
+  find "$dir" -maxdepth 1 -type f ! -name "$AB_ONLY" -delete
+fi
 ls -la "$dir"
