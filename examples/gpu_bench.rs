@@ -420,6 +420,22 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
             if plan_fwd_sm90a_with(&spec, flip_tma_o).tma_store_o != plan_fwd_sm90a_with(&spec, base).tma_store_o {
                 tiles.push(flip_tma_o);
             }
+            // The short-keys variant (plan::short_keys_tiles) and, where its
+            // staging fits, the same with TMA stores of O: the option's
+            // predicted gain is at short keys, where calls take the variant.
+            if let Some(short) = attnforge::plan::short_keys_tiles(&spec) {
+                let short_tma_o = Sm90aFwdTiles {
+                    tma_store_o: !short.tma_store_o,
+                    ..short
+                };
+                if !tiles.contains(&short) {
+                    tiles.push(short);
+                }
+                if plan_fwd_sm90a_with(&spec, short_tma_o).tma_store_o != plan_fwd_sm90a_with(&spec, short).tma_store_o
+                {
+                    tiles.push(short_tma_o);
+                }
+            }
             // The clusters-of-two option (K/V multicast) where the spec takes
             // it: its one-tile entry is timed as pairs and alone.
             let pairs = Sm90aFwdTiles { cluster: true, ..base };
