@@ -17,7 +17,7 @@
 # (e.g. `scripts/gpu-session.sh bwd fwd py memcheck`, then `bench tune90`).
 # The device tool brings back at most 8 files from $OUT, so with OUT set every
 # log and report is written to a scratch folder and packed into one archive,
-# $OUT/gpu-session.tgz, when the steps are done (the step summary goes to stdout).
+# $OUT/gpu-session.tgz, refreshed after every step (the step summary goes to stdout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${OUT:-}" ]; then
@@ -42,7 +42,14 @@ run() {
   echo "$name: rc=$rc $(( $(date +%s) - s ))s (limit ${lim}s)$([ $rc -eq 124 ] && echo ' TIMED OUT')"
 }
 counts() { echo "  ok=$(grep -c '^ok' "$1") fail=$(grep -c '^FAIL' "$1")"; grep '^FAIL\|panicked' "$1" | head -n 8; }
+# Pack what is there so far (after every step, so that a call cut off at the
+# device tool's limit still brings back the steps that finished).
+pack() {
+  [ -n "$dest" ] || return 0
+  tar czf "$dest/gpu-session.tgz.part" -C "$out" . && mv -f "$dest/gpu-session.tgz.part" "$dest/gpu-session.tgz"
+}
 for step in "${steps[@]}"; do
+  pack
   case $step in
     bwd) run gpu_bwd "${LIMIT_BWD:-200}" .gpu/gpu_bwd; counts "$out/gpu_bwd.log" ;;
     fwd) run gpu_fwd "${LIMIT_FWD:-360}" .gpu/gpu_fwd; counts "$out/gpu_fwd.log" ;;
@@ -89,6 +96,6 @@ for step in "${steps[@]}"; do
   esac
 done
 if [ -n "$dest" ]; then
-  tar czf "$dest/gpu-session.tgz" -C "$out" . && echo "results: \$OUT/gpu-session.tgz ($(find "$out" -type f | wc -l) files)"
+  pack && echo "results: \$OUT/gpu-session.tgz ($(find "$out" -type f | wc -l) files)"
 fi
 exit $status
