@@ -1786,6 +1786,48 @@ fn main() {
             rows.push(row);
         }
     }
+    // GQA 64/8 at d128, 8k (batch 2): the configuration of the published
+    // FlashAttention-4 figure on the H200 that issue 4 names (756 TFLOP/s
+    // non-causal), with its peers in the same run (scripts/gpu_bench.py).
+    if !quick {
+        let (b, hq, hkv, s, d) = (2usize, 64usize, 8usize, 8192usize, 128usize);
+        for causal in [false, true] {
+            let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
+            let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, arch);
+            let variant = attnforge::plan::Variant::for_keys(&spec, s as u32);
+            let Ok(k) = attnforge::Jit::global().get_or_build_variant(&spec, variant) else {
+                continue;
+            };
+            let lk = launch::load(&k).expect("load");
+            let (nq, nkv) = (b * hq * s * d, b * hkv * s * d);
+            let (q, kk, v) = (
+                Dev::random(nq, &mut rng),
+                Dev::random(nkv, &mut rng),
+                Dev::random(nkv, &mut rng),
+            );
+            let o = Dev::zeroed(nq * 2);
+            let lse = Dev::zeroed(b * hq * s * 4);
+            let mut fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, hq, s, d);
+            fa.k = TensorArg::bhsd(kk.0, s as i64, hkv as i64, d as i64);
+            fa.v = TensorArg::bhsd(v.0, s as i64, hkv as i64, d as i64);
+            fa.problem.heads_kv = hkv as u32;
+            // SAFETY: buffers sized for the problem (K and V with hkv heads).
+            let ms = time_ms(
+                || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") },
+                25.0,
+                100.0,
+            );
+            let flops = 4.0 * (b * hq * s * s * d) as f64 * if causal { 0.5 } else { 1.0 };
+            let tf = flops / ms / 1e9;
+            let entry = entry_of(&lk, &fa);
+            println!("{spec:<40} b={b:<3} h={hq}/{hkv} s={s:<6} {ms:8.3} ms {tf:7.1} TFLOP/s{entry} (GQA)");
+            rows.push(serde_json::json!({
+                "impl": "attnforge", "spec": spec.to_string(), "b": b, "h": hq, "hkv": hkv, "s": s, "d": d,
+                "causal": causal, "fwd_ms": ms, "fwd_tflops": tf, "registers": k.meta.registers,
+                "template": format!("{}{entry}{}", k.plan.template.file(), tile_label(&k)),
+            }));
+        }
+    }
     // SAFETY: final sync; any asynchronous launch failure shows here.
     unsafe { sys::cuCtxSynchronize() }.result().expect("kernels");
     if let Some(path) = out {

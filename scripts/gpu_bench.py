@@ -71,6 +71,31 @@ def peers():
     return rows
 
 
+def gqa_peers(ours):
+    """The peers on our GQA rows (query heads h, kv heads hkv; forward only):
+    torch SDPA with enable_gqa, each backend alone."""
+    rows = []
+    for r in ours:
+        if "hkv" not in r:
+            continue
+        b, h, hkv, s, d, causal = r["b"], r["h"], r["hkv"], r["s"], r["d"], r["causal"]
+        q = torch.randn(b, h, s, d, device=dev, dtype=torch.bfloat16)
+        k, v = (torch.randn(b, hkv, s, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
+        for name, bk in PEERS.items():
+            row = {"impl": name, "b": b, "h": h, "hkv": hkv, "s": s, "d": d, "causal": causal}
+            try:
+                with sdpa_kernel([bk]):
+                    fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+                    fn()
+                    ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                row.update(fwd_ms=ms, fwd_tflops=flops(b, h, s, d, causal) / ms / 1e9)
+            except Exception as e:  # a backend without GQA says why
+                row["error"] = str(e).splitlines()[0][:160]
+            rows.append(row)
+        del q, k, v
+    return rows
+
+
 def cudnn_frontend_ragged(q, k, v, lens, causal):
     """cuDNN's own ragged (THD) forward through the cudnn-frontend Python
     graph API, when the `cudnn` package is importable (scripts/gpu-bench.sh
@@ -209,7 +234,7 @@ def main():
     subprocess.run(cmd, check=True)
     ours = json.load(open(ours_json))
     torch.cuda.empty_cache()
-    peer_rows = peers() + ragged_peer(ours)
+    peer_rows = peers() + ragged_peer(ours) + gqa_peers(ours)
     rows = ours + peer_rows
     meta = {"date": started, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "cudnn": torch.backends.cudnn.version(), "quick": quick}
@@ -222,7 +247,7 @@ def main():
             if "ragged_lens" in r:
                 if p.get("ragged_lens") == r["ragged_lens"] and p["causal"] == r["causal"] and p["d"] == r["d"]:
                     return p[field]
-            elif all(p.get(x) == r[x] for x in ("b", "h", "s", "d", "causal")):
+            elif all(p.get(x) == r.get(x) for x in ("b", "h", "hkv", "s", "d", "causal")):
                 return p[field]
         return None
 
@@ -236,6 +261,8 @@ def main():
         fa, cd = find("torch-flash", r), find("torch-cudnn", r)
         shape = f"ragged {len(r['ragged_lens'])} seqs" if "ragged_lens" in r else f"{r['s']}"
         bh = f"x {r['h']}" if "ragged_lens" in r else f"{r['b']} x {r['h']}"
+        if "hkv" in r:
+            shape, bh = f"{r['s']} GQA", f"{r['b']} x {r['h']}/{r['hkv']}"
         fmt = lambda x: f"{x:.0f}" if x else "n/a"
         ratio = lambda x, y=r["fwd_tflops"]: f"{y / x:.2f}x" if x and y else "n/a"
         s80 = r.get("fwd_sm80_tflops")
@@ -265,7 +292,8 @@ def main():
                          + ", ".join(f"{k} {v} TFLOP/s" for k, v in p["routes"].items()))
     errs = [p for p in peer_rows if "error" in p]
     for p in errs:
-        lines.append(f"\npeer {p['impl']} d{p['d']} {'ragged' if 'ragged_lens' in p else p.get('s')}: {p['error']}")
+        what = "ragged" if "ragged_lens" in p else f"{p.get('s')}" + (f" GQA {p['h']}/{p['hkv']}" if "hkv" in p else "")
+        lines.append(f"\npeer {p['impl']} d{p['d']} {what}: {p['error']}")
     table = "\n".join(lines)
     open(os.path.join(out, "bench.md"), "w").write(table + "\n")
     print(table)
@@ -273,7 +301,7 @@ def main():
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        dense = [r for r in ours if "ragged_lens" not in r]
+        dense = [r for r in ours if "ragged_lens" not in r and "hkv" not in r]
         labels = [f"d{r['d']} s{r['s']}{' c' if r['causal'] else ''}" for r in dense]
         x = range(len(dense))
         fig, ax = plt.subplots(figsize=(max(8, len(dense) * 0.45), 4.5))
