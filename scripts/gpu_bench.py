@@ -83,14 +83,23 @@ def gqa_peers(ours):
         k, v = (torch.randn(b, hkv, s, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
         for name, bk in PEERS.items():
             row = {"impl": name, "b": b, "h": h, "hkv": hkv, "s": s, "d": d, "causal": causal}
-            try:
-                with sdpa_kernel([bk]):
-                    fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-                    fn()
-                    ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
-                row.update(fwd_ms=ms, fwd_tflops=flops(b, h, s, d, causal) / ms / 1e9)
-            except Exception as e:  # a backend without GQA says why
-                row["error"] = str(e).splitlines()[0][:160]
+            # enable_gqa first; a backend that refuses it runs on K and V
+            # expanded to every query head (the same products, more bytes).
+            for via in ("enable_gqa", "K/V expanded"):
+                try:
+                    if via == "enable_gqa":
+                        fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+                    else:
+                        ke, ve = (x.repeat_interleave(h // hkv, dim=1) for x in (k, v))
+                        fn = lambda: F.scaled_dot_product_attention(q, ke, ve, is_causal=causal)
+                    with sdpa_kernel([bk]):
+                        fn()
+                        ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                    row.update(fwd_ms=ms, fwd_tflops=flops(b, h, s, d, causal) / ms / 1e9, via=f"GQA {via}")
+                    row.pop("error", None)
+                    break
+                except Exception as e:  # neither route: the row says why
+                    row["error"] = f"{via}: " + str(e).splitlines()[0][:160]
             rows.append(row)
         del q, k, v
     return rows
@@ -283,9 +292,12 @@ def main():
         lines.append(f"| {r['d']} | {r['s']} | {r['b']} x {r['h']} | {'yes' if r['causal'] else 'no'} | {r['bwd_tflops']:.0f} | "
                      f"{fmt(fa)} | {fmt(cd)} | {ratio(fa)} | {ratio(cd)} | {fmt(w)} | {ratio(fa, w)} | {ratio(cd, w)} | "
                      f"{r.get('bwd_template', '')} |")
-    vias = sorted({f"{p['impl']} via {p['via']}" for p in peer_rows if "via" in p})
+    vias = sorted({f"{p['impl']} via {p['via']}" for p in peer_rows if "via" in p and "ragged_lens" in p})
     if vias:
         lines.append("\nragged peers (each the best of its routes): " + ", ".join(vias))
+    gqa_vias = sorted({f"{p['impl']} via {p['via']}" for p in peer_rows if "via" in p and "hkv" in p})
+    if gqa_vias:
+        lines.append("\nGQA peers: " + ", ".join(gqa_vias))
     for p in peer_rows:
         if len(p.get("routes", {})) > 1:
             lines.append(f"- {p['impl']} d{p['d']} {'causal' if p['causal'] else 'non-causal'}: "
