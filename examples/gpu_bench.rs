@@ -1432,6 +1432,33 @@ fn phases(rng: &mut rand::rngs::StdRng) {
                 &figures,
                 rule,
             );
+            // The sm80-path forward with its head-major option (the phases'
+            // only sm80-path forward user), and in the default
+            // query-block-major order, which ignores them.
+            let sm80 = attnforge::plan::default_fwd_tiles(&spec);
+            for head_major in [true, false] {
+                let plan = attnforge::plan::plan_fwd_sm80_with(&spec, attnforge::plan::FwdTiles { head_major, ..sm80 });
+                let k = attnforge::jit::build_plan(plan).expect("sm80-path forward");
+                let lk = launch::load(&k).expect("load");
+                let tiles = s.div_ceil(k.plan.block_m as usize) as u32;
+                let rule = attnforge::plan::causal_tile_phases(tiles, lk.slots());
+                // SAFETY: buffers sized for the problem.
+                let mut run = || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") };
+                let figures = sweep(&mut run, &lk, fwd_flops);
+                let order = if head_major {
+                    "head-major"
+                } else {
+                    "query-block-major (ignores P)"
+                };
+                print(
+                    &format!(
+                        "fwd {spec} sm80 path {order} s{s} ({tiles} tiles, {} slots)",
+                        lk.slots()
+                    ),
+                    &figures,
+                    rule,
+                );
+            }
 
             let bspec = AttnSpec {
                 direction: attnforge::Direction::Bwd,

@@ -87,7 +87,7 @@ for step in "${steps[@]}"; do
     trace90) run trace90 "${LIMIT_TRACE90:-90}" .gpu/gpu_bench --trace90; grep -v '^trace90   block 0 warpgroup 0 events\|producer:' "$out/trace90.log" | head -n 60 ;;
     trace80b) run trace80b "${LIMIT_TRACE80B:-90}" .gpu/gpu_bench --trace80b; grep '^trace80b' "$out/trace80b.log" | head -n 60 ;;
     # The causal block order's phase counts against each other (plan::causal_tile_phases).
-    phases) run phases "${LIMIT_PHASES:-150}" .gpu/gpu_bench --phases; grep '^phases' "$out/phases.log" | head -n 120 ;;
+    phases) run phases "${LIMIT_PHASES:-150}" .gpu/gpu_bench --phases; grep '^phases' "$out/phases.log" | head -n 300 ;;
     # Ragged batches in batch order against longest keys first (one-tile entry; common/order.cuh).
     ragged) run ragged "${LIMIT_RAGGED:-120}" .gpu/gpu_bench --ragged-order; grep '^ragged ' "$out/ragged.log" | head -n 40 ;;
     # Same-process A/B of the forward against the cubins carried in .gpu/ab.
