@@ -668,8 +668,7 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
         jobs.push((Template::FwdSm80.file(), plan_fwd_sm80_with(spec, sm80), Entry::Rule));
     }
     // The sm80-path forward in its other block order (head-major is an
-    // option), and head-major dense causal grids in three phases by length
-    // whatever the rule would take for the case's query blocks.
+    // option).
     let other = plan_fwd_sm80_with(
         spec,
         FwdTiles {
@@ -678,20 +677,6 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
         },
     );
     jobs.push(("fwd_sm80.cu other block order", other, Entry::Rule));
-    let head_major = plan_fwd_sm80_with(
-        spec,
-        FwdTiles {
-            head_major: true,
-            ..sm80
-        },
-    );
-    if matches!(
-        spec.mask,
-        attnforge::Mask::CausalTopLeft | attnforge::Mask::CausalBottomRight
-    ) && spec.layout == attnforge::Layout::Dense
-    {
-        jobs.push(("fwd_sm80.cu head-major, 3 phases", head_major, Entry::Phases(3)));
-    }
     // The other kernels compile in parallel (two entries each take NVRTC
     // about twice as long), in the order of `jobs`.
     let built: Vec<_> = std::thread::scope(|s| {
@@ -707,6 +692,21 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
         handles.into_iter().map(|h| h.join().expect("build thread")).collect()
     });
     v.extend(built);
+    // Head-major dense causal grids also in three phases by length, whatever
+    // the rule would take for the case's query blocks (the same kernel as
+    // the head-major one above, built once).
+    if matches!(
+        spec.mask,
+        attnforge::Mask::CausalTopLeft | attnforge::Mask::CausalBottomRight
+    ) && spec.layout == attnforge::Layout::Dense
+    {
+        let head_major = v
+            .iter()
+            .find(|(_, k, _)| k.plan.template == Template::FwdSm80 && k.plan.head_major)
+            .map(|(_, k, _)| k.clone())
+            .unwrap_or_else(|| panic!("{spec}: no head-major sm80-path forward among the jobs"));
+        v.push(("fwd_sm80.cu head-major, 3 phases", head_major, Entry::Phases(3)));
+    }
     v
 }
 
