@@ -240,70 +240,85 @@ fn time_sm80_path(spec: &AttnSpec, planned: &attnforge::CompiledKernel, fa: &Fwd
     Some(tf)
 }
 
-/// Time tile-shape variants per head dim at seqlen 8k (tuning; `--tune`).
+/// Time tile-shape variants per head dim (tuning; `--tune`), each in both
+/// block orders, at seqlen 2k and 8k (`ATTNFORGE_TUNE_S=2048,8192`; 16k
+/// tokens per head dim, so b = 16384 / s). The variants of one problem are
+/// timed in interleaved rounds (`ATTNFORGE_TUNE_ROUNDS`, default 3) and the
+/// line reports the median with every round: one variant after another drifts
+/// with the clock by a few percent on this path.
 fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
     use attnforge::plan::FwdTiles;
-    let t = |num_warps, m_tiles_per_warp, block_n, stages| FwdTiles {
-        num_warps,
-        m_tiles_per_warp,
-        block_n,
-        stages,
-        head_major: true,
+    let env_list = |name: &str, default: &[usize]| -> Vec<usize> {
+        std::env::var(name)
+            .ok()
+            .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+            .unwrap_or_else(|| default.to_vec())
     };
-    // The planner's shape also in the query-block-major order (` qbm`).
-    let qbm = |tiles: FwdTiles| FwdTiles {
-        head_major: false,
-        ..tiles
-    };
-    let variants: &[(usize, &[FwdTiles])] = &[
-        (
-            64,
-            &[qbm(t(4, 2, 64, 2)), t(4, 2, 64, 2), t(4, 2, 128, 1), t(4, 2, 64, 1)],
-        ),
-        (
-            128,
-            &[qbm(t(4, 2, 32, 1)), t(4, 2, 32, 1), t(4, 2, 32, 2), t(4, 2, 64, 1)],
-        ),
-        (
-            256,
-            &[qbm(t(8, 1, 64, 1)), t(8, 1, 64, 1), t(8, 1, 64, 2), t(4, 1, 64, 1)],
-        ),
-    ];
-    let s = 8192;
-    for (d, vs) in variants {
-        let (d, h) = (*d, 2048 / *d);
-        let b = 2;
-        let n = b * h * s * d;
-        let (q, kk, v) = (Dev::random(n, rng), Dev::random(n, rng), Dev::random(n, rng));
-        let o = Dev::zeroed(n * 2);
-        let lse = Dev::zeroed(b * h * s * 4);
+    let seqlens = env_list("ATTNFORGE_TUNE_S", &[2048, 8192]);
+    let rounds = env_list("ATTNFORGE_TUNE_ROUNDS", &[3])
+        .first()
+        .copied()
+        .unwrap_or(3)
+        .max(1);
+    for d in [64usize, 128, 256] {
+        let h = 2048 / d;
+        let shapes = attnforge::plan::fwd_tile_candidates(d as u32);
+        // Built once per head dim and mask (the seqlen is a launch argument).
         for causal in [false, true] {
             let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
             let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, arch);
-            for tiles in vs.iter() {
-                let Some(k) = build_variant(&spec, *tiles) else {
-                    continue;
-                };
-                let lk = launch::load(&k).expect("load");
+            let planner = attnforge::plan::default_fwd_tiles(&spec);
+            let mut built = Vec::new();
+            for shape in &shapes {
+                for head_major in [false, true] {
+                    let tiles = FwdTiles { head_major, ..*shape };
+                    let Some(k) = build_variant(&spec, tiles) else {
+                        println!("tune d={d:<3} causal={causal:<5} {tiles:?}: does not build");
+                        continue;
+                    };
+                    let lk = launch::load(&k).expect("load");
+                    built.push((tiles, k, lk));
+                }
+            }
+            for &s in &seqlens {
+                let b = (16384 / s).max(1);
+                let n = b * h * s * d;
+                let (q, kk, v) = (Dev::random(n, rng), Dev::random(n, rng), Dev::random(n, rng));
+                let o = Dev::zeroed(n * 2);
+                let lse = Dev::zeroed(b * h * s * 4);
                 let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
-                // SAFETY: buffers sized for the problem.
-                let ms = time_ms(
-                    || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") },
-                    10.0,
-                    40.0,
-                );
-                let tf = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 } / ms / 1e9;
-                println!(
-                    "tune d={d:<3} causal={causal:<5} warps={} mt={} bn={:<3} stages={}{} regs={:<3} spills={:<3} smem={:<6} {tf:6.1} TFLOP/s",
-                    tiles.num_warps,
-                    tiles.m_tiles_per_warp,
-                    k.plan.block_n,
-                    k.plan.stages,
-                    if k.plan.head_major { "" } else { " qbm" },
-                    k.meta.registers,
-                    k.meta.spill_stores + k.meta.spill_loads,
-                    k.plan.smem_bytes
-                );
+                let flops = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 };
+                let mut tf = vec![Vec::new(); built.len()];
+                for _ in 0..rounds {
+                    for (i, (_, _, lk)) in built.iter().enumerate() {
+                        // SAFETY: buffers sized for the problem.
+                        let ms = time_ms(
+                            || unsafe { launch::launch_fwd(lk, &fa, std::ptr::null_mut()).expect("launch") },
+                            10.0,
+                            40.0,
+                        );
+                        tf[i].push(flops / ms / 1e9);
+                    }
+                }
+                for ((tiles, k, _), r) in built.iter().zip(&tf) {
+                    let mut sorted = r.clone();
+                    sorted.sort_by(f64::total_cmp);
+                    let med = sorted[sorted.len() / 2];
+                    let all: Vec<String> = r.iter().map(|x| format!("{x:.0}")).collect();
+                    println!(
+                        "tune d={d:<3} s={s:<5} causal={causal:<5} warps={} mt={} bn={:<3} stages={}{}{} regs={:<3} spills={:<3} smem={:<6} {med:6.1} TFLOP/s (rounds {})",
+                        tiles.num_warps,
+                        tiles.m_tiles_per_warp,
+                        k.plan.block_n,
+                        k.plan.stages,
+                        if k.plan.head_major { "" } else { " qbm" },
+                        if *tiles == planner { " planner" } else { "" },
+                        k.meta.registers,
+                        k.meta.spill_stores + k.meta.spill_loads,
+                        k.plan.smem_bytes,
+                        all.join(" ")
+                    );
+                }
             }
         }
     }
@@ -1200,6 +1215,7 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
         (false, 256, true, 16384),
         (true, 64, false, 2048),
         (true, 128, false, 2048),
+        (true, 128, true, 2048),
         (true, 256, false, 2048),
         (true, 64, false, 8192),
         (true, 64, true, 8192),

@@ -300,6 +300,30 @@ pub fn default_fwd_tiles(spec: &AttnSpec) -> FwdTiles {
     }
 }
 
+/// The sm80-path forward's tile shapes that `gpu_bench --tune` times (each in
+/// both block orders) for a head dim padded to `dmax`, the planner's among
+/// them; the GPU suite checks every one for correctness, so that a shape the
+/// tune favours can become the default without a kernel nobody ran.
+pub fn fwd_tile_candidates(dmax: u32) -> Vec<FwdTiles> {
+    let shapes: &[(u32, u32, u32, u32)] = if dmax <= 64 {
+        &[(4, 2, 64, 2), (4, 2, 128, 1)]
+    } else if dmax <= 128 {
+        &[(4, 2, 32, 1), (4, 2, 48, 1), (4, 2, 64, 1), (4, 2, 32, 2)]
+    } else {
+        &[(8, 1, 64, 1), (8, 1, 80, 1), (8, 1, 96, 1), (8, 1, 64, 2)]
+    };
+    shapes
+        .iter()
+        .map(|&(num_warps, m_tiles_per_warp, block_n, stages)| FwdTiles {
+            num_warps,
+            m_tiles_per_warp,
+            block_n,
+            stages,
+            head_major: false,
+        })
+        .collect()
+}
+
 fn plan_fwd_sm80(spec: &AttnSpec) -> KernelPlan {
     plan_fwd_sm80_with(spec, default_fwd_tiles(spec))
 }

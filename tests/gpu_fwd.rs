@@ -546,8 +546,8 @@ fn main() {
 /// orders, longest keys first and batch order).
 fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel, Entry)> {
     use attnforge::plan::{
-        default_fwd_tiles, default_sm90a_tiles, plan_fwd_sm80_with, plan_fwd_sm90a_with, plan_variant,
-        short_keys_tiles, FwdTiles, GridRule, Sm90aFwdTiles, Template, Variant,
+        default_fwd_tiles, default_sm90a_tiles, fwd_tile_candidates, plan_fwd_sm80_with, plan_fwd_sm90a_with,
+        plan_variant, short_keys_tiles, FwdTiles, GridRule, Sm90aFwdTiles, Template, Variant,
     };
     let planned = attnforge::get_or_build(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
     let mut v = vec![(planned.plan.template.file(), (*planned).clone(), Entry::Rule)];
@@ -677,6 +677,21 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
         },
     );
     jobs.push(("fwd_sm80.cu other block order", other, Entry::Rule));
+    // The other tile shapes that `gpu_bench --tune` times for the head dim.
+    let dmax = spec.head_dim_qk.max(spec.head_dim_v).div_ceil(16) as u32 * 16;
+    for t in fwd_tile_candidates(dmax) {
+        let t = FwdTiles {
+            head_major: sm80.head_major,
+            ..t
+        };
+        let plan = plan_fwd_sm80_with(spec, t);
+        let default = plan_fwd_sm80_with(spec, sm80);
+        if (plan.block_m, plan.block_n, plan.stages, plan.num_warps)
+            != (default.block_m, default.block_n, default.stages, default.num_warps)
+        {
+            jobs.push(("fwd_sm80.cu tune candidate", plan, Entry::Rule));
+        }
+    }
     // The other kernels compile in parallel (two entries each take NVRTC
     // about twice as long), in the order of `jobs`.
     let built: Vec<_> = std::thread::scope(|s| {
