@@ -301,9 +301,10 @@ pub fn default_fwd_tiles(spec: &AttnSpec) -> FwdTiles {
 }
 
 /// The sm80-path forward's tile shapes that `gpu_bench --tune` times (each in
-/// both block orders) for a head dim padded to `dmax`, the planner's among
-/// them; the GPU suite checks every one for correctness, so that a shape the
-/// tune favours can become the default without a kernel nobody ran.
+/// both block orders) for a head dim padded to `dmax`: the planner's dense
+/// shape first (a test keeps it so), then the alternatives. The GPU suite
+/// checks every one for correctness, so that a shape the tune favours can
+/// become the default without a kernel nobody ran.
 pub fn fwd_tile_candidates(dmax: u32) -> Vec<FwdTiles> {
     let shapes: &[(u32, u32, u32, u32)] = if dmax <= 64 {
         &[(4, 2, 64, 2), (4, 2, 128, 1)]
@@ -1071,6 +1072,27 @@ impl fmt::Display for KernelPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tune_candidates_start_with_the_planners_dense_shape() {
+        use crate::spec::DType;
+        for d in [32u16, 64, 96, 128, 160, 256] {
+            for mask in [Mask::None, Mask::CausalTopLeft] {
+                for arch in [Arch::Sm80, Arch::Sm90a] {
+                    let spec = AttnSpec::fwd(DType::Bf16, d, mask, Layout::Dense, arch);
+                    let c = fwd_tile_candidates(u32::from(d).div_ceil(16) * 16);
+                    assert_eq!(c[0], default_fwd_tiles(&spec), "{spec}");
+                    let mut shapes: Vec<_> = c
+                        .iter()
+                        .map(|t| (t.num_warps, t.m_tiles_per_warp, t.block_n, t.stages))
+                        .collect();
+                    shapes.sort_unstable();
+                    shapes.dedup();
+                    assert_eq!(shapes.len(), c.len(), "{spec}: no shape twice");
+                }
+            }
+        }
+    }
 
     #[test]
     fn tma_store_o_only_dense_and_where_its_staging_fits_beside_the_ring() {

@@ -677,18 +677,21 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
         },
     );
     jobs.push(("fwd_sm80.cu other block order", other, Entry::Rule));
-    // The other tile shapes that `gpu_bench --tune` times for the head dim.
+    // The other tile shapes that `gpu_bench --tune` times for the head dim,
+    // each once (the arch's shared memory may shrink two to one plan).
     let dmax = spec.head_dim_qk.max(spec.head_dim_v).div_ceil(16) as u32 * 16;
+    let shape = |p: &attnforge::plan::KernelPlan| (p.num_warps, p.block_m, p.block_n, p.stages);
+    let mut seen = vec![shape(&plan_fwd_sm80_with(spec, sm80))];
     for t in fwd_tile_candidates(dmax) {
-        let t = FwdTiles {
-            head_major: sm80.head_major,
-            ..t
-        };
-        let plan = plan_fwd_sm80_with(spec, t);
-        let default = plan_fwd_sm80_with(spec, sm80);
-        if (plan.block_m, plan.block_n, plan.stages, plan.num_warps)
-            != (default.block_m, default.block_n, default.stages, default.num_warps)
-        {
+        let plan = plan_fwd_sm80_with(
+            spec,
+            FwdTiles {
+                head_major: sm80.head_major,
+                ..t
+            },
+        );
+        if !seen.contains(&shape(&plan)) {
+            seen.push(shape(&plan));
             jobs.push(("fwd_sm80.cu tune candidate", plan, Entry::Rule));
         }
     }
