@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 file_pat=${1:?usage: scripts/fa2-sass.sh FILE-PATTERN [KERNEL-PATTERN OUT.sass]}
-lib=$(ls .venv-py/lib/python3*/site-packages/torch/lib/libtorch_cuda.so 2>/dev/null | head -n 1)
+lib=$(realpath -e .venv-py/lib/python3*/site-packages/torch/lib/libtorch_cuda.so 2>/dev/null | head -n 1)
 [ -n "$lib" ] || { echo "fa2-sass: no torch in .venv-py (make pytest installs it)" >&2; exit 2; }
 cuobjdump=${CUOBJDUMP:-$(command -v cuobjdump || true)}
 [ -n "$cuobjdump" ] || { echo "fa2-sass: no cuobjdump (pip install nvidia-cuda-cuobjdump; set CUOBJDUMP)" >&2; exit 2; }
