@@ -698,7 +698,7 @@ impl LoadedKernel {
     /// ([`crate::plan::causal_tile_phases`]). Like [`Self::set_persistent_grid`],
     /// it holds for every user of this loaded kernel: for tests and tuning runs.
     /// Kernels without a phased order (no causal mask, ragged, softcap in the
-    /// backward, the sm80-path forward but with its `head_major` option) ignore it.
+    /// backward, the sm80-path forward unless its `head_major` option is on) ignore it.
     pub fn set_tile_phases(&self, phases: u32) {
         self.tile_phases
             .store(phases.min(crate::plan::MAX_TILE_PHASES), Ordering::Relaxed);
