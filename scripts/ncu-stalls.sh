@@ -25,7 +25,7 @@ mask="${NCU_STALLS_MASK:-none}"
 bench="${NCU_STALLS_BENCH:-.gpu/gpu_bench}"
 tag="${NCU_STALLS_TAG:-ours}"
 sections=(--section SourceCounters --section WarpStateStats --section SpeedOfLight --section LaunchStats
-          --section Occupancy --section InstructionStats)
+          --section Occupancy --section InstructionStats --section MemoryWorkloadAnalysis)
 # prof NAME KERNEL_REGEX SKIP CMD...: one launch of the matching kernel.
 prof() {
   local name=$1 regex=$2 skip=$3; shift 3
@@ -35,7 +35,7 @@ prof() {
   echo "$name: rc=$?"
   ncu --import "$out/$name.ncu-rep" --page source --csv --print-source sass > "$out/$name.csv" 2>&1
   ncu --import "$out/$name.ncu-rep" > "$out/$name.txt" 2>&1
-  grep -E "Duration|Registers Per|Warp Cycles Per Issued|Issue Slots Busy|Executed Instructions  " "$out/$name.txt" | head -n 6
+  grep -E "Duration|Registers Per|Warp Cycles Per Issued|Issue Slots Busy|Executed Instructions  |L2 Hit Rate|DRAM Throughput|Mem Busy" "$out/$name.txt" | head -n 12
 }
 if [ "$kind" = bwd ]; then cells=("128 8192" "256 2048"); else cells=("128 8192" "256 8192"); fi
 [ -n "${NCU_STALLS_CELLS:-}" ] && IFS=';' read -r -a cells <<< "$NCU_STALLS_CELLS"
