@@ -425,8 +425,13 @@ mod tests {
             // Dense causal grids in the launcher's phases (common/order.cuh).
             assert!(hm.contains("phase_tile(lin, (int)gridDim.y, p.tile_phases)"), "{s}");
             assert!(!old.contains("phase_tile("), "{s}");
+            // The coordinates come from %ctaid twice: before the key loop and
+            // for the epilogue (nothing only the epilogue needs stays live).
+            for src in [&old, &hm] {
+                assert_eq!(src.matches("fwd_block(p)").count(), 2, "{s}");
+            }
             assert!(
-                !old.contains("lin / gridDim.y") && old.contains("const int bh = blockIdx.x;"),
+                !old.contains("lin / gridDim.y") && old.contains("const int bh = (int)bx;"),
                 "{s}"
             );
         }

@@ -31,14 +31,19 @@ constexpr bool SOFTCAP = {{ softcap }};
 {% include "common/order.cuh" %}
 {%- endif %}
 
-extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
-{{ entry }}(const FwdParams p) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    elem_t* sQ = reinterpret_cast<elem_t*>(smem_raw);
-    elem_t* sK = sQ + BLOCK_M * PITCH_QK;                // [STAGES][BLOCK_N][PITCH_QK]
-    elem_t* sV = sK + STAGES * BLOCK_N * PITCH_QK;       // [STAGES][BLOCK_N][PITCH_V]
+// The block's (batch, head, query block) and its sequence's place, formed
+// from %ctaid reads that the compiler may neither merge nor hoist: the kernel
+// forms it once before the key loop and again for the epilogue, so that
+// nothing only the epilogue needs stays live across the loop (at 255
+// registers it would be spilled).
+struct FwdBlock {
+    int b, h, m_block, q_off, k_off, sq, sk;
+};
 
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+__device__ __forceinline__ FwdBlock fwd_block(const FwdParams& p) {
+    unsigned bx, by;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(bx));
+    asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(by));
 {%- if head_major %}
     // Head-major: the hardware starts blocks in linear order (x fastest), and
     // consecutive blocks take one (batch, head)'s query blocks, so the blocks
@@ -46,7 +51,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
     // Dense causal grids go in p.tile_phases phases by length (common/order.cuh),
     // so that the last heads' longest blocks do not start at the end. (The
     // launcher keeps the grid below 2^32 blocks.)
-    const unsigned lin = blockIdx.y * gridDim.x + blockIdx.x;
+    const unsigned lin = by * gridDim.x + bx;
     int bh, m_block;
     if constexpr ((MASK_KIND == 1 || MASK_KIND == 2) && !IS_THD) {
         const PhaseTile pt = phase_tile(lin, (int)gridDim.y, p.tile_phases);
@@ -57,19 +62,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
         m_block = gridDim.y - 1 - (int)(lin % gridDim.y);
     }
 {%- else %}
-    const int bh = blockIdx.x;
-    const int m_block = gridDim.y - 1 - blockIdx.y;      // longest causal tiles first
+    const int bh = (int)bx;
+    const int m_block = gridDim.y - 1 - (int)by;         // longest causal tiles first
 {%- endif %}
-    const int b = bh / p.heads_q, h = bh % p.heads_q;
-    const int hk = h / p.gqa_ratio;
-
-    int sq = p.seqlen_q, sk = p.seqlen_k, q_off = 0, k_off = 0;
+    FwdBlock f{bh / p.heads_q, bh % p.heads_q, m_block, 0, 0, p.seqlen_q, p.seqlen_k};
     if constexpr (IS_THD) {
-        q_off = p.cu_seqlens_q[b];
-        k_off = p.cu_seqlens_k[b];
-        sq = p.cu_seqlens_q[b + 1] - q_off;
-        sk = p.cu_seqlens_k[b + 1] - k_off;
+        f.q_off = p.cu_seqlens_q[f.b];
+        f.k_off = p.cu_seqlens_k[f.b];
+        f.sq = p.cu_seqlens_q[f.b + 1] - f.q_off;
+        f.sk = p.cu_seqlens_k[f.b + 1] - f.k_off;
     }
+    return f;
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
+{{ entry }}(const FwdParams p) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    elem_t* sQ = reinterpret_cast<elem_t*>(smem_raw);
+    elem_t* sK = sQ + BLOCK_M * PITCH_QK;                // [STAGES][BLOCK_N][PITCH_QK]
+    elem_t* sV = sK + STAGES * BLOCK_N * PITCH_QK;       // [STAGES][BLOCK_N][PITCH_V]
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const FwdBlock blk = fwd_block(p);
+    const int b = blk.b, h = blk.h, m_block = blk.m_block;
+    const int hk = h / p.gqa_ratio;
+    const int sq = blk.sq, sk = blk.sk, q_off = blk.q_off, k_off = blk.k_off;
     const int m0 = m_block * BLOCK_M;
     if (m0 >= sq) return;                                // whole block uniform
 
@@ -260,25 +277,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
 
     // Epilogue: normalize, write O (elements) and LSE (f32, natural log;
     // a null p.lse means not wanted).
-    elem_t* gO = p.o + b * p.o_sb + (long long)q_off * p.o_ss + h * p.o_sh;
-    float* gL = p.lse != nullptr ? p.lse + b * p.lse_sb + h * p.lse_sh + q_off : nullptr;
+    const FwdBlock eb = fwd_block(p);
+    unsigned etid;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(etid));
+    const int e_row0 = (int)(etid / 32) * 16 * M_TILES + eb.m_block * BLOCK_M;
+    const int eg = (etid % 32) / 4, et = etid % 4;
+    elem_t* gO = p.o + eb.b * p.o_sb + (long long)eb.q_off * p.o_ss + eb.h * p.o_sh;
+    float* gL = p.lse != nullptr ? p.lse + eb.b * p.lse_sb + eb.h * p.lse_sh + eb.q_off : nullptr;
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            const int i = m0 + warp_row0 + mt * 16 + g + 8 * r;
+            const int i = e_row0 + mt * 16 + eg + 8 * r;
             const float l = quad_sum(row_sum[mt][r]);
             const float inv = l > 0.f ? 1.f / l : 0.f;
-            if (i < sq) {
+            if (i < eb.sq) {
 #pragma unroll
                 for (int j = 0; j < DV / 8; ++j) {
-                    const int col = j * 8 + 2 * t;
+                    const int col = j * 8 + 2 * et;
                     if (col < D_V) {
                         *reinterpret_cast<elem2_t*>(gO + i * p.o_ss + col) =
                             pack2(acc_o[mt][j][2 * r] * inv, acc_o[mt][j][2 * r + 1] * inv);
                     }
                 }
-                if (t == 0 && gL != nullptr) {
+                if (et == 0 && gL != nullptr) {
                     gL[i] = l > 0.f ? (row_max[mt][r] + fast_log2(l)) * 0.6931471805599453f : NEG_INF;
                 }
             }
