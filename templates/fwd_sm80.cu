@@ -276,7 +276,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
     }
 
     // Epilogue: normalize, write O (elements) and LSE (f32, natural log;
-    // a null p.lse means not wanted).
+    // a null p.lse means not wanted). A quad holds 8 columns of a row per
+    // n-tile j, 2 per lane; a transpose within the quad (common/ptx.cuh)
+    // gives each lane 8 consecutive columns of one of four n-tiles, written
+    // as one 16-byte store (the launcher checks 16-byte aligned pointers and
+    // strides): a quarter of the store instructions, whole 32-byte sectors.
     const FwdBlock eb = fwd_block(p);
     unsigned etid;
     asm volatile("mov.u32 %0, %%tid.x;" : "=r"(etid));
@@ -284,24 +288,39 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
     const int eg = (etid % 32) / 4, et = etid % 4;
     elem_t* gO = p.o + eb.b * p.o_sb + (long long)eb.q_off * p.o_ss + eb.h * p.o_sh;
     float* gL = p.lse != nullptr ? p.lse + eb.b * p.lse_sb + eb.h * p.lse_sh + eb.q_off : nullptr;
+    constexpr int GROUPS = (DV / 8 + 3) / 4;
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt) {
+        unsigned v[2][GROUPS][4];
+        float l[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            l[r] = quad_sum(row_sum[mt][r]);
+            const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+#pragma unroll
+            for (int gr = 0; gr < GROUPS; ++gr)
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+                    v[r][gr][k] = 4 * gr + k < DV / 8
+                                      ? pack2(acc_o[mt][4 * gr + k][2 * r] * inv, acc_o[mt][4 * gr + k][2 * r + 1] * inv)
+                                      : 0u;
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int gr = 0; gr < GROUPS; ++gr) quad_transpose(v[r][gr], et);   // this lane: n-tile 4gr + et
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int i = e_row0 + mt * 16 + eg + 8 * r;
-            const float l = quad_sum(row_sum[mt][r]);
-            const float inv = l > 0.f ? 1.f / l : 0.f;
             if (i < eb.sq) {
+                elem_t* row = gO + i * p.o_ss;
 #pragma unroll
-                for (int j = 0; j < DV / 8; ++j) {
-                    const int col = j * 8 + 2 * et;
-                    if (col < D_V) {
-                        *reinterpret_cast<elem2_t*>(gO + i * p.o_ss + col) =
-                            pack2(acc_o[mt][j][2 * r] * inv, acc_o[mt][j][2 * r + 1] * inv);
-                    }
+                for (int gr = 0; gr < GROUPS; ++gr) {
+                    const int col = (4 * gr + et) * 8;
+                    if (col < D_V) *reinterpret_cast<uint4*>(row + col) = make_uint4(v[r][gr][0], v[r][gr][1], v[r][gr][2], v[r][gr][3]);
                 }
                 if (et == 0 && gL != nullptr) {
-                    gL[i] = l > 0.f ? (row_max[mt][r] + fast_log2(l)) * 0.6931471805599453f : NEG_INF;
+                    gL[i] = l[r] > 0.f ? (row_max[mt][r] + fast_log2(l[r])) * 0.6931471805599453f : NEG_INF;
                 }
             }
         }
