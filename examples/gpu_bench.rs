@@ -262,11 +262,11 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
         .max(1);
     for d in [64usize, 128, 256] {
         let h = 2048 / d;
-        let shapes = attnforge::plan::fwd_tile_candidates(d as u32);
         // Built once per head dim and mask (the seqlen is a launch argument).
         for causal in [false, true] {
             let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
             let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, arch);
+            let shapes = attnforge::plan::fwd_tile_candidates(&spec);
             let planner = attnforge::plan::default_fwd_tiles(&spec);
             let mut built = Vec::new();
             for shape in &shapes {

@@ -274,19 +274,42 @@ pub fn default_fwd_tiles(spec: &AttnSpec) -> FwdTiles {
     // of 203 KB, so bn64 fits sm80's 163 KB too). d64 keeps bn64 double-
     // buffered: one buffer at bn64 measured 308 / 304 against 320 / 317,
     // and bn128 (331 / 328) spills on sm_80 in 33 of the 44 d <= 64 specs.
+    let causal = matches!(spec.mask, Mask::CausalTopLeft | Mask::CausalBottomRight);
     let (num_warps, m_tiles_per_warp, block_n, stages) = if dmax <= 64 {
         (4, 2, 64, 2)
     } else if dmax <= 128 {
-        if d128_fits_mt2 {
-            (4, 2, 32, 1)
-        } else {
+        // 48-key steps (session 27, `gpu_bench --tune` and a same-process
+        // A/B on an H100, docs/kernels.md): +2% / +7% over bn32 at d128 2k
+        // without a mask / causal, +2% / +8% at 8k; spill-free since the
+        // epilogue re-forms its coordinates (fwd_block). Without a mask and
+        // softcap on dense tensors, two K/V buffers at bn48 gain 4-5% more
+        // on Hopper (87 KB a block; on sm80's 164 KB per SM two such blocks
+        // would not fit, so one buffer there). Ragged causal specs spill at
+        // bn48 and keep bn32.
+        if !d128_fits_mt2 {
             (4, 1, 64, 2)
+        } else if spec.layout == Layout::Thd && causal {
+            (4, 2, 32, 1)
+        } else if spec.arch == Arch::Sm90a && spec.layout == Layout::Dense && spec.mask == Mask::None && !spec.softcap {
+            (4, 2, 48, 2)
+        } else {
+            (4, 2, 48, 1)
         }
     } else {
-        // d > 128: FlashAttention-2's shape, 128 query rows over 8 warps with
-        // 64-key steps (H200 `gpu_bench --tune`, 2026-12-03, d256 s8k: 285
-        // TFLOP/s against 241 for 4 warps x 1 tile, bn 32).
-        (8, 1, 64, 1)
+        // d > 128: FlashAttention-2's shape, 128 query rows over 8 warps
+        // (H200 `gpu_bench --tune`, 2026-12-03, d256 s8k: 285 TFLOP/s against
+        // 241 for 4 warps x 1 tile, bn 32), with the widest key step that
+        // fits one K and one V buffer: bn96 on Hopper (session 27's tune on
+        // an H100, d256: +3% / +1% at 2k, +6% / +2% at 8k, non-causal /
+        // causal, over bn64), bn80 in sm80's 163 KB, bn64 below that.
+        let dqk = round_up(spec.head_dim_qk as u32, 16);
+        let dv = round_up(spec.head_dim_v as u32, 16);
+        let limit = spec.arch.max_smem_per_block();
+        let bn = [96, 80]
+            .into_iter()
+            .find(|&bn| fwd_smem(128, bn, 1, dqk + 8, dv + 8) <= limit)
+            .unwrap_or(64);
+        (8, 1, bn, 1)
     };
     FwdTiles {
         num_warps,
@@ -302,28 +325,40 @@ pub fn default_fwd_tiles(spec: &AttnSpec) -> FwdTiles {
 }
 
 /// The sm80-path forward's tile shapes that `gpu_bench --tune` times (each in
-/// both block orders) for a head dim padded to `dmax`: the planner's dense
-/// shape first (a test keeps it so), then the alternatives. The GPU suite
-/// checks every one for correctness, so that a shape the tune favours can
-/// become the default without a kernel nobody ran.
-pub fn fwd_tile_candidates(dmax: u32) -> Vec<FwdTiles> {
+/// both block orders) for a spec: the planner's shape first, then the
+/// alternatives for its head dim. The GPU suite checks every one for
+/// correctness, so that a shape the tune favours can become the default
+/// without a kernel nobody ran.
+pub fn fwd_tile_candidates(spec: &AttnSpec) -> Vec<FwdTiles> {
+    let dmax = round_up(spec.head_dim_qk.max(spec.head_dim_v) as u32, 16);
     let shapes: &[(u32, u32, u32, u32)] = if dmax <= 64 {
         &[(4, 2, 64, 2), (4, 2, 128, 1)]
     } else if dmax <= 128 {
-        &[(4, 2, 32, 1), (4, 2, 48, 1), (4, 2, 64, 1), (4, 2, 32, 2), (4, 2, 48, 2)]
+        &[
+            (4, 2, 48, 2),
+            (4, 2, 48, 1),
+            (4, 2, 32, 1),
+            (4, 2, 64, 1),
+            (4, 2, 32, 2),
+        ]
     } else {
-        &[(8, 1, 64, 1), (8, 1, 80, 1), (8, 1, 96, 1), (8, 1, 64, 2)]
+        &[(8, 1, 96, 1), (8, 1, 80, 1), (8, 1, 64, 1), (8, 1, 64, 2)]
     };
-    shapes
-        .iter()
-        .map(|&(num_warps, m_tiles_per_warp, block_n, stages)| FwdTiles {
-            num_warps,
-            m_tiles_per_warp,
-            block_n,
-            stages,
-            head_major: false,
-        })
-        .collect()
+    let planner = default_fwd_tiles(spec);
+    let mut out = vec![planner];
+    out.extend(
+        shapes
+            .iter()
+            .map(|&(num_warps, m_tiles_per_warp, block_n, stages)| FwdTiles {
+                num_warps,
+                m_tiles_per_warp,
+                block_n,
+                stages,
+                head_major: false,
+            })
+            .filter(|t| *t != planner),
+    );
+    out
 }
 
 fn plan_fwd_sm80(spec: &AttnSpec) -> KernelPlan {
@@ -1081,7 +1116,7 @@ mod tests {
             for mask in [Mask::None, Mask::CausalTopLeft] {
                 for arch in [Arch::Sm80, Arch::Sm90a] {
                     let spec = AttnSpec::fwd(DType::Bf16, d, mask, Layout::Dense, arch);
-                    let c = fwd_tile_candidates(u32::from(d).div_ceil(16) * 16);
+                    let c = fwd_tile_candidates(&spec);
                     assert_eq!(c[0], default_fwd_tiles(&spec), "{spec}");
                     let mut shapes: Vec<_> = c
                         .iter()
@@ -1375,13 +1410,20 @@ mod tests {
             let p = plan_fwd_sm80(&s.parse().unwrap());
             (p.num_warps, p.m_tiles_per_warp, p.block_n, p.stages)
         };
-        assert_eq!(tiles("fwd.bf16.d128.none.dense.sm80"), (4, 2, 32, 1));
+        assert_eq!(tiles("fwd.bf16.d128.none.dense.sm80"), (4, 2, 48, 1));
+        assert_eq!(tiles("fwd.f16.d128.causal-tl.dense.sm80"), (4, 2, 48, 1));
+        assert_eq!(tiles("fwd.f16.d128.causal-tl.dense.sm90a"), (4, 2, 48, 1));
+        assert_eq!(tiles("fwd.f16.d128.none.thd.softcap.sm80"), (4, 2, 48, 1));
         assert_eq!(tiles("fwd.f16.d128.causal-br.thd.softcap.sm80"), (4, 2, 32, 1));
         assert_eq!(tiles("fwd.bf16.d128.window.thd.sm80"), (4, 1, 64, 2));
         assert_eq!(tiles("fwd.bf16.d64.causal-tl.dense.sm80"), (4, 2, 64, 2));
-        // One buffer keeps d256's 64-key steps within sm80's 163 KB.
-        assert_eq!(tiles("fwd.bf16.d256.none.dense.sm80"), (8, 1, 64, 1));
-        assert_eq!(tiles("fwd.bf16.d256.none.dense.sm90a"), (8, 1, 64, 1));
+        // Two K/V buffers at bn48 only on Hopper, where two 87 KB blocks fit an SM.
+        assert_eq!(tiles("fwd.bf16.d128.none.dense.sm90a"), (4, 2, 48, 2));
+        assert_eq!(tiles("fwd.bf16.d128.none.dense.softcap.sm90a"), (4, 2, 48, 1));
+        // One buffer and the widest key step that fits: bn80 in sm80's 163 KB, bn96 on Hopper.
+        assert_eq!(tiles("fwd.bf16.d256.none.dense.sm80"), (8, 1, 80, 1));
+        assert_eq!(tiles("fwd.bf16.d256.none.dense.sm90a"), (8, 1, 96, 1));
+        assert_eq!(tiles("fwd.bf16.d256.none.dense.sm86"), (8, 1, 32, 1));
         // Tuning may ask for any depth; the template has two orders.
         let spec: AttnSpec = "fwd.bf16.d128.none.dense.sm80".parse().unwrap();
         let t = |stages| FwdTiles {
@@ -1450,10 +1492,10 @@ mod tests {
     fn d128_plan_matches_the_documented_choice() {
         let spec = AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Dense, Arch::Sm80);
         let p = plan(&spec).unwrap();
-        assert_eq!((p.block_m, p.block_n, p.num_warps), (128, 32, 4));
+        assert_eq!((p.block_m, p.block_n, p.num_warps), (128, 48, 4));
         assert_eq!(p.smem_pitch_qk, 136);
         let thd = plan(&AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Thd, Arch::Sm80)).unwrap();
-        assert_eq!((thd.block_m, thd.block_n, thd.num_warps), (128, 32, 4));
+        assert_eq!((thd.block_m, thd.block_n, thd.num_warps), (128, 48, 4));
         // Ragged + window keeps one m16 tile per warp (it spills at two).
         let mut w: AttnSpec = "fwd.bf16.d128.window.thd.softcap.sm80".parse().unwrap();
         let p = plan(&w).unwrap();

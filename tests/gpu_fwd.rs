@@ -679,10 +679,9 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
     jobs.push(("fwd_sm80.cu other block order", other, Entry::Rule));
     // The other tile shapes that `gpu_bench --tune` times for the head dim,
     // each once (the arch's shared memory may shrink two to one plan).
-    let dmax = spec.head_dim_qk.max(spec.head_dim_v).div_ceil(16) as u32 * 16;
     let shape = |p: &attnforge::plan::KernelPlan| (p.num_warps, p.block_m, p.block_n, p.stages);
     let mut seen = vec![shape(&plan_fwd_sm80_with(spec, sm80))];
-    for t in fwd_tile_candidates(dmax) {
+    for t in fwd_tile_candidates(spec) {
         let plan = plan_fwd_sm80_with(
             spec,
             FwdTiles {

@@ -1,11 +1,11 @@
 // attnforge generated kernel: fwd.bf16.d192v128.causal-br.dense.sm80
 // template fwd_sm80.cu — FlashAttention-2-style forward on the sm80 instruction
 // path (mma.sync m16n8k16, ldmatrix, cp.async). Plan: block_m=128
-// block_n=64 warps=8 m_tiles/warp=1.
+// block_n=96 warps=8 m_tiles/warp=1.
 // Do not edit: rendered by attnforge from templates/fwd_sm80.cu.
 
 constexpr int BLOCK_M = 128;
-constexpr int BLOCK_N = 64;
+constexpr int BLOCK_N = 96;
 constexpr int NUM_WARPS = 8;
 constexpr int THREADS = NUM_WARPS * 32;
 constexpr int M_TILES = 1;               // 16-row MMA tiles per warp

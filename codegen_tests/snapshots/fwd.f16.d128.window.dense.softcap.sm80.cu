@@ -1,11 +1,11 @@
 // attnforge generated kernel: fwd.f16.d128.window.dense.softcap.sm80
 // template fwd_sm80.cu — FlashAttention-2-style forward on the sm80 instruction
 // path (mma.sync m16n8k16, ldmatrix, cp.async). Plan: block_m=128
-// block_n=32 warps=4 m_tiles/warp=2.
+// block_n=48 warps=4 m_tiles/warp=2.
 // Do not edit: rendered by attnforge from templates/fwd_sm80.cu.
 
 constexpr int BLOCK_M = 128;
-constexpr int BLOCK_N = 32;
+constexpr int BLOCK_N = 48;
 constexpr int NUM_WARPS = 4;
 constexpr int THREADS = NUM_WARPS * 32;
 constexpr int M_TILES = 2;               // 16-row MMA tiles per warp
