@@ -41,7 +41,7 @@ if [ "$kind" = bwd ]; then cells=("128 8192" "256 2048"); else cells=("128 8192"
 [ -n "${NCU_STALLS_CELLS:-}" ] && IFS=';' read -r -a cells <<< "$NCU_STALLS_CELLS"
 for cell in "${cells[@]}"; do
   set -- $cell
-  prof "$tag-$kind-d$1-$mask" "^attnforge_${kind}_bf16_d$1_${mask//-/_}_dense_sm90a\$" 3 \
+  prof "$tag-$kind-d$1-s$2-$mask" "^attnforge_${kind}_bf16_d$1_${mask//-/_}_dense_sm90a\$" 3 \
     "$bench" --one "$kind.bf16.d$1.$mask.dense.sm90a" --path sm80 --seqlen "$2"
 done
 [ "${NCU_STALLS_FA2:-1}" = 0 ] && exit 0
@@ -65,5 +65,5 @@ PY
 regex=$([ "$kind" = bwd ] && echo flash_bwd_dq_dk_dv || echo flash_fwd_kernel)
 for cell in "${cells[@]}"; do
   set -- $cell
-  prof "fa2-$kind-d$1-$mask" "$regex" 1 python3 /tmp/fa2_stalls.py "$kind" $((16384 / $2)) $((2048 / $1)) "$2" "$1" "$mask"
+  prof "fa2-$kind-d$1-s$2-$mask" "$regex" 1 python3 /tmp/fa2_stalls.py "$kind" $((16384 / $2)) $((2048 / $1)) "$2" "$1" "$mask"
 done
