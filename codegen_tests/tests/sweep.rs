@@ -24,17 +24,42 @@ type Row = (u32, u32, u32, u32, u32, f64);
 /// Stack frame allowed per thread (bytes): a few words for the ABI, no arrays.
 const MAX_STACK: u32 = 64;
 
-#[test]
-fn every_matrix_spec_compiles_without_spills() {
-    let nvrtc = match Nvrtc::get() {
-        Ok(n) => n,
+/// NVRTC, or `None` after saying that the test skips (a panic instead when
+/// `ATTNFORGE_REQUIRE_NVRTC` is set, as `make test` does).
+fn nvrtc_or_skip() -> Option<&'static Nvrtc> {
+    match Nvrtc::get() {
+        Ok(n) => Some(n),
         Err(e) => {
             if std::env::var_os("ATTNFORGE_REQUIRE_NVRTC").is_some_and(|v| v != "0") {
                 panic!("ATTNFORGE_REQUIRE_NVRTC is set but NVRTC is missing: {e}");
             }
             println!("skipped: NVRTC not found ({e})");
-            return;
+            None
         }
+    }
+}
+
+/// Spilled bytes (stores + loads) summed over every entry of a kernel's CUBIN.
+fn spilled(k: &attnforge::jit::CompiledKernel) -> u32 {
+    attnforge::compile::parse_ptxas_log(&k.meta.log)
+        .iter()
+        .map(|e| e.spill_stores + e.spill_loads)
+        .sum()
+}
+
+/// Compile an sm80-path plan: `Some(reason)` where it fails or spills.
+fn sm80_path_spills(spec: &AttnSpec, plan: attnforge::plan::KernelPlan) -> Option<String> {
+    match attnforge::jit::build_plan(plan) {
+        Ok(k) if spilled(&k) > 0 => Some(format!("{spec}: {} B spilled on the sm80 path", spilled(&k))),
+        Ok(_) => None,
+        Err(e) => Some(format!("{spec}: {e}")),
+    }
+}
+
+#[test]
+fn every_matrix_spec_compiles_without_spills() {
+    let Some(nvrtc) = nvrtc_or_skip() else {
+        return;
     };
     let tmp = tempfile::tempdir().unwrap();
     let jit = Jit::new(Cache::open(CacheConfig::with_user_root(tmp.path())));
@@ -195,11 +220,7 @@ fn every_matrix_spec_compiles_without_spills() {
 fn sm90a_forward_schedule_variants_compile_without_spills() {
     use attnforge::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
     use attnforge::{AttnSpec, DType, Layout, Mask};
-    if let Err(e) = Nvrtc::get() {
-        if std::env::var_os("ATTNFORGE_REQUIRE_NVRTC").is_some_and(|v| v != "0") {
-            panic!("ATTNFORGE_REQUIRE_NVRTC is set but NVRTC is missing: {e}");
-        }
-        println!("skipped: NVRTC not found ({e})");
+    if nvrtc_or_skip().is_none() {
         return;
     }
     for (d, mask, layout) in [
@@ -309,11 +330,7 @@ fn sm90a_forward_schedule_variants_compile_without_spills() {
 fn sm80_path_backward_stays_spill_free_where_wgmma_is_planned() {
     use attnforge::plan::plan_bwd::{plan_bwd_sm80, plan_bwd_sm90a};
     use attnforge::Direction;
-    if let Err(e) = Nvrtc::get() {
-        if std::env::var_os("ATTNFORGE_REQUIRE_NVRTC").is_some_and(|v| v != "0") {
-            panic!("ATTNFORGE_REQUIRE_NVRTC is set but NVRTC is missing: {e}");
-        }
-        println!("skipped: NVRTC not found ({e})");
+    if nvrtc_or_skip().is_none() {
         return;
     }
     let specs: Vec<_> = matrix::default_specs(&[Arch::Sm90a])
@@ -331,16 +348,7 @@ fn sm80_path_backward_stays_spill_free_where_wgmma_is_planned() {
             attnforge::plan::Template::BwdSm90a
         );
         let plan = plan_bwd_sm80(spec).unwrap_or_else(|| panic!("{spec}: no sm80-path plan"));
-        match attnforge::jit::build_plan(plan) {
-            Ok(k) => {
-                let all = attnforge::compile::parse_ptxas_log(&k.meta.log);
-                let spill: u32 = all.iter().map(|e| e.spill_stores + e.spill_loads).sum();
-                if spill > 0 {
-                    failures.push(format!("{spec}: {spill} B spilled on the sm80 path"));
-                }
-            }
-            Err(e) => failures.push(format!("{spec}: {e}")),
-        }
+        failures.extend(sm80_path_spills(spec, plan));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -353,11 +361,7 @@ fn sm80_path_backward_stays_spill_free_where_wgmma_is_planned() {
 #[test]
 fn sm80_path_forward_of_the_benchmarked_sm90a_specs_is_spill_free() {
     use attnforge::plan::{default_fwd_tiles, plan_fwd_sm80_with};
-    if let Err(e) = Nvrtc::get() {
-        if std::env::var_os("ATTNFORGE_REQUIRE_NVRTC").is_some_and(|v| v != "0") {
-            panic!("ATTNFORGE_REQUIRE_NVRTC is set but NVRTC is missing: {e}");
-        }
-        println!("skipped: NVRTC not found ({e})");
+    if nvrtc_or_skip().is_none() {
         return;
     }
     let mut failures = Vec::new();
@@ -373,16 +377,7 @@ fn sm80_path_forward_of_the_benchmarked_sm90a_specs_is_spill_free() {
                 let spec: AttnSpec = format!("fwd.{dtype}.d{d}.{mask}.{layout}.sm90a").parse().unwrap();
                 let plan = plan_fwd_sm80_with(&spec, default_fwd_tiles(&spec));
                 n += 1;
-                match attnforge::jit::build_plan(plan) {
-                    Ok(k) => {
-                        let all = attnforge::compile::parse_ptxas_log(&k.meta.log);
-                        let spill: u32 = all.iter().map(|e| e.spill_stores + e.spill_loads).sum();
-                        if spill > 0 {
-                            failures.push(format!("{spec}: {spill} B spilled on the sm80 path"));
-                        }
-                    }
-                    Err(e) => failures.push(format!("{spec}: {e}")),
-                }
+                failures.extend(sm80_path_spills(&spec, plan));
             }
         }
     }
@@ -396,11 +391,7 @@ fn sm80_path_forward_of_the_benchmarked_sm90a_specs_is_spill_free() {
 #[test]
 fn sm90a_backward_tall_query_tiles_compile_without_spills() {
     use attnforge::plan::plan_bwd::{plan_bwd_sm90a_with, Sm90aBwdOptions};
-    if let Err(e) = Nvrtc::get() {
-        if std::env::var_os("ATTNFORGE_REQUIRE_NVRTC").is_some_and(|v| v != "0") {
-            panic!("ATTNFORGE_REQUIRE_NVRTC is set but NVRTC is missing: {e}");
-        }
-        println!("skipped: NVRTC not found ({e})");
+    if nvrtc_or_skip().is_none() {
         return;
     }
     let tall = Sm90aBwdOptions { tall_query_tiles: true };
@@ -414,9 +405,7 @@ fn sm90a_backward_tall_query_tiles_compile_without_spills() {
         let plan = plan_bwd_sm90a_with(&spec, tall).unwrap_or_else(|e| panic!("{s}: {e}"));
         assert_eq!(plan.block_m, 128);
         let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{s}: {e}"));
-        let all = attnforge::compile::parse_ptxas_log(&k.meta.log);
-        let spill: u32 = all.iter().map(|e| e.spill_stores + e.spill_loads).sum();
-        assert_eq!(spill, 0, "{s}: spills");
+        assert_eq!(spilled(&k), 0, "{s}: spills");
     }
     let d128: attnforge::AttnSpec = "bwd.bf16.d128.none.dense.sm90a".parse().unwrap();
     assert!(plan_bwd_sm90a_with(&d128, tall).unwrap_err().contains("d <= 64"));
