@@ -362,7 +362,27 @@ pub fn fwd_tile_candidates(spec: &AttnSpec) -> Vec<FwdTiles> {
 }
 
 fn plan_fwd_sm80(spec: &AttnSpec) -> KernelPlan {
-    plan_fwd_sm80_with(spec, default_fwd_tiles(spec))
+    let mut p = plan_fwd_sm80_with(spec, default_fwd_tiles(spec));
+    p.reasons.insert(p.reasons.len().min(1), fwd_tiles_reason(spec));
+    p
+}
+
+/// Why the planner's tile shape (`default_fwd_tiles`) is what it is, for
+/// `attnforge plan` (the measurements: docs/kernels.md, fwd_sm80).
+fn fwd_tiles_reason(spec: &AttnSpec) -> String {
+    let t = default_fwd_tiles(spec);
+    let why = match (t.m_tiles_per_warp, t.block_n, t.stages) {
+        (2, 64, 2) => "d <= 64: 64-key steps, two K/V buffers (bn128 spills on most sm80 specs)",
+        (1, 64, 2) => "ragged windowed d96/d128: one m16 tile per warp (two spill)",
+        (2, 32, 1) => "ragged causal d96/d128: 32-key steps (48 spill)",
+        (2, 48, 2) => "dense d96/d128 without a mask or softcap on Hopper: 48-key steps, two K/V buffers (measured best, session 27)",
+        (2, 48, _) => "d96/d128: 48-key steps, one K/V buffer (+2..+11% over 32-key steps, session 27)",
+        _ => "d > 128: 8 warps, the widest key step of 96/80/64 whose one K/V buffer fits the arch's shared memory (else 64, halved until it fits)",
+    };
+    format!(
+        "tile shape {}x{}xbn{}: {why}",
+        t.num_warps, t.m_tiles_per_warp, t.block_n
+    )
 }
 
 /// The sm80 forward plan with a given tile shape (for tuning sweeps; the
@@ -1486,6 +1506,21 @@ mod tests {
         let p = plan(&spec).unwrap();
         assert_eq!(p.template, Template::BwdSm80);
         assert!(p.bwd.is_some());
+    }
+
+    #[test]
+    fn the_plan_says_why_it_took_its_sm80_tile_shape() {
+        for (s, shape) in [
+            (
+                "fwd.bf16.d128.none.dense.sm80",
+                "tile shape 4x2xbn48: d96/d128: 48-key steps, one K/V buffer",
+            ),
+            ("fwd.bf16.d128.causal-br.thd.sm80", "tile shape 4x2xbn32: ragged causal"),
+            ("fwd.bf16.d256.none.dense.sm80", "tile shape 8x1xbn80: d > 128"),
+        ] {
+            let p = plan(&s.parse().unwrap()).unwrap();
+            assert!(p.reasons.iter().any(|r| r.starts_with(shape)), "{s}: {:?}", p.reasons);
+        }
     }
 
     #[test]
