@@ -282,11 +282,7 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
             }
             for &s in &seqlens {
                 let b = (16384 / s).max(1);
-                let n = b * h * s * d;
-                let (q, kk, v) = (Dev::random(n, rng), Dev::random(n, rng), Dev::random(n, rng));
-                let o = Dev::zeroed(n * 2);
-                let lse = Dev::zeroed(b * h * s * 4);
-                let fa = bhsd_args([q.0, kk.0, v.0, o.0], lse.0, b, h, s, d);
+                let (_buffers, fa) = fwd_problem(b, h, s, d, rng);
                 let flops = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 };
                 let mut tf = vec![Vec::new(); built.len()];
                 for _ in 0..rounds {
@@ -301,9 +297,7 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
                     }
                 }
                 for ((tiles, k, _), r) in built.iter().zip(&tf) {
-                    let mut sorted = r.clone();
-                    sorted.sort_by(f64::total_cmp);
-                    let med = sorted[sorted.len() / 2];
+                    let med = median(r);
                     let all: Vec<String> = r.iter().map(|x| format!("{x:.0}")).collect();
                     println!(
                         "tune d={d:<3} s={s:<5} causal={causal:<5} warps={} mt={} bn={:<3} stages={}{}{} regs={:<3} spills={:<3} smem={:<6} {med:6.1} TFLOP/s (rounds {})",
