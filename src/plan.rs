@@ -258,6 +258,22 @@ pub struct FwdTiles {
 /// The tile shape the planner picks for a spec (see `docs/kernels.md` for the
 /// measurements behind it).
 pub fn default_fwd_tiles(spec: &AttnSpec) -> FwdTiles {
+    fwd_tiles_with_reason(spec).0
+}
+
+/// Shared-memory row pitches (elements) of the sm80-path forward's Q/K and V
+/// tiles: the head dims padded to the k-step (16) plus a 16-byte pad, which
+/// puts the 8 rows of every `ldmatrix` in 8 distinct bank groups (the row
+/// pitch in 16-byte units is odd).
+fn fwd_pitches(spec: &AttnSpec) -> (u32, u32) {
+    (
+        round_up(spec.head_dim_qk as u32, 16) + 8,
+        round_up(spec.head_dim_v as u32, 16) + 8,
+    )
+}
+
+/// The planner's tile shape and why (`attnforge plan` prints the reason).
+fn fwd_tiles_with_reason(spec: &AttnSpec) -> (FwdTiles, &'static str) {
     let dmax = round_up(spec.head_dim_qk.max(spec.head_dim_v) as u32, 16);
     // Measured on the H200 (docs/kernels.md, fwd tuning): two m16 tiles per
     // warp halve the shared-memory reads of K and V per MMA and win where
@@ -275,8 +291,11 @@ pub fn default_fwd_tiles(spec: &AttnSpec) -> FwdTiles {
     // buffered: one buffer at bn64 measured 308 / 304 against 320 / 317,
     // and bn128 (331 / 328) spills on sm_80 in 33 of the 44 d <= 64 specs.
     let causal = matches!(spec.mask, Mask::CausalTopLeft | Mask::CausalBottomRight);
-    let (num_warps, m_tiles_per_warp, block_n, stages) = if dmax <= 64 {
-        (4, 2, 64, 2)
+    let ((num_warps, m_tiles_per_warp, block_n, stages), why) = if dmax <= 64 {
+        (
+            (4, 2, 64, 2),
+            "d <= 64: 64-key steps, two K/V buffers (bn128 spills on most sm80 specs)",
+        )
     } else if dmax <= 128 {
         // 48-key steps (session 27, `gpu_bench --tune` and a same-process
         // A/B on an H100, docs/kernels.md): +2% / +7% over bn32 at d128 2k
@@ -287,13 +306,22 @@ pub fn default_fwd_tiles(spec: &AttnSpec) -> FwdTiles {
         // would not fit, so one buffer there). Ragged causal specs spill at
         // bn48 and keep bn32.
         if !d128_fits_mt2 {
-            (4, 1, 64, 2)
+            (
+                (4, 1, 64, 2),
+                "ragged windowed d96/d128: one m16 tile per warp (two spill)",
+            )
         } else if spec.layout == Layout::Thd && causal {
-            (4, 2, 32, 1)
+            ((4, 2, 32, 1), "ragged causal d96/d128: 32-key steps (48 spill)")
         } else if spec.arch == Arch::Sm90a && spec.layout == Layout::Dense && spec.mask == Mask::None && !spec.softcap {
-            (4, 2, 48, 2)
+            (
+                (4, 2, 48, 2),
+                "dense d96/d128 without a mask or softcap on Hopper: 48-key steps, two K/V buffers (measured best, session 27)",
+            )
         } else {
-            (4, 2, 48, 1)
+            (
+                (4, 2, 48, 1),
+                "d96/d128: 48-key steps, one K/V buffer (+2..+11% over 32-key steps, session 27)",
+            )
         }
     } else {
         // d > 128: FlashAttention-2's shape, 128 query rows over 8 warps
@@ -302,16 +330,18 @@ pub fn default_fwd_tiles(spec: &AttnSpec) -> FwdTiles {
         // fits one K and one V buffer: bn96 on Hopper (session 27's tune on
         // an H100, d256: +3% / +1% at 2k, +6% / +2% at 8k, non-causal /
         // causal, over bn64), bn80 in sm80's 163 KB, bn64 below that.
-        let dqk = round_up(spec.head_dim_qk as u32, 16);
-        let dv = round_up(spec.head_dim_v as u32, 16);
+        let (pitch_qk, pitch_v) = fwd_pitches(spec);
         let limit = spec.arch.max_smem_per_block();
         let bn = [96, 80]
             .into_iter()
-            .find(|&bn| fwd_smem(128, bn, 1, dqk + 8, dv + 8) <= limit)
+            .find(|&bn| fwd_smem(128, bn, 1, pitch_qk, pitch_v) <= limit)
             .unwrap_or(64);
-        (8, 1, bn, 1)
+        (
+            (8, 1, bn, 1),
+            "d > 128: 8 warps, the widest key step of 96/80/64 whose one K/V buffer fits the arch's shared memory (else 64, halved until it fits)",
+        )
     };
-    FwdTiles {
+    let tiles = FwdTiles {
         num_warps,
         m_tiles_per_warp,
         block_n,
@@ -321,7 +351,8 @@ pub fn default_fwd_tiles(spec: &AttnSpec) -> FwdTiles {
         // -4.0% to +5.3%, inside this path's spread, and with the causal
         // phases within +-2% of this order (-6% at d256 8k).
         head_major: false,
-    }
+    };
+    (tiles, why)
 }
 
 /// The sm80-path forward's tile shapes that `gpu_bench --tune` times (each in
@@ -362,27 +393,16 @@ pub fn fwd_tile_candidates(spec: &AttnSpec) -> Vec<FwdTiles> {
 }
 
 fn plan_fwd_sm80(spec: &AttnSpec) -> KernelPlan {
-    let mut p = plan_fwd_sm80_with(spec, default_fwd_tiles(spec));
-    p.reasons.insert(p.reasons.len().min(1), fwd_tiles_reason(spec));
+    let (tiles, why) = fwd_tiles_with_reason(spec);
+    let mut p = plan_fwd_sm80_with(spec, tiles);
+    p.reasons.insert(
+        p.reasons.len().min(1),
+        format!(
+            "tile shape {}x{}xbn{}: {why}",
+            tiles.num_warps, tiles.m_tiles_per_warp, tiles.block_n
+        ),
+    );
     p
-}
-
-/// Why the planner's tile shape (`default_fwd_tiles`) is what it is, for
-/// `attnforge plan` (the measurements: docs/kernels.md, fwd_sm80).
-fn fwd_tiles_reason(spec: &AttnSpec) -> String {
-    let t = default_fwd_tiles(spec);
-    let why = match (t.m_tiles_per_warp, t.block_n, t.stages) {
-        (2, 64, 2) => "d <= 64: 64-key steps, two K/V buffers (bn128 spills on most sm80 specs)",
-        (1, 64, 2) => "ragged windowed d96/d128: one m16 tile per warp (two spill)",
-        (2, 32, 1) => "ragged causal d96/d128: 32-key steps (48 spill)",
-        (2, 48, 2) => "dense d96/d128 without a mask or softcap on Hopper: 48-key steps, two K/V buffers (measured best, session 27)",
-        (2, 48, _) => "d96/d128: 48-key steps, one K/V buffer (+2..+11% over 32-key steps, session 27)",
-        _ => "d > 128: 8 warps, the widest key step of 96/80/64 whose one K/V buffer fits the arch's shared memory (else 64, halved until it fits)",
-    };
-    format!(
-        "tile shape {}x{}xbn{}: {why}",
-        t.num_warps, t.m_tiles_per_warp, t.block_n
-    )
 }
 
 /// The sm80 forward plan with a given tile shape (for tuning sweeps; the
@@ -398,10 +418,7 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
             spec.head_dim_qk, spec.head_dim_v
         ));
     }
-    // A 16-byte pad per row makes the 8 rows of every ldmatrix land in 8
-    // distinct bank groups (row pitch in 16-byte units is odd).
-    let pitch_qk = dqk + 8;
-    let pitch_v = dv + 8;
+    let (pitch_qk, pitch_v) = fwd_pitches(spec);
     let dmax = dqk.max(dv);
     let template = Template::FwdSm80;
 
