@@ -360,7 +360,6 @@ fn sm80_path_backward_stays_spill_free_where_wgmma_is_planned() {
 /// coverage rules would accept.
 #[test]
 fn sm80_path_forward_of_the_benchmarked_sm90a_specs_is_spill_free() {
-    use attnforge::plan::{default_fwd_tiles, plan_fwd_sm80_with};
     if nvrtc_or_skip().is_none() {
         return;
     }
@@ -375,7 +374,8 @@ fn sm80_path_forward_of_the_benchmarked_sm90a_specs_is_spill_free() {
                 ("causal-br", "thd"),
             ] {
                 let spec: AttnSpec = format!("fwd.{dtype}.d{d}.{mask}.{layout}.sm90a").parse().unwrap();
-                let plan = plan_fwd_sm80_with(&spec, default_fwd_tiles(&spec));
+                // The plan `attnforge compile --path sm80` builds.
+                let plan = attnforge::plan::plan_sm80_path(&spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
                 n += 1;
                 failures.extend(sm80_path_spills(&spec, plan));
             }
