@@ -292,23 +292,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt) {
         unsigned v[2][GROUPS][4];
-        float l[2];
+        float l[2], inv[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             l[r] = quad_sum(row_sum[mt][r]);
-            const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-#pragma unroll
-            for (int gr = 0; gr < GROUPS; ++gr)
-#pragma unroll
-                for (int k = 0; k < 4; ++k)
-                    v[r][gr][k] = 4 * gr + k < DV / 8
-                                      ? pack2(acc_o[mt][4 * gr + k][2 * r] * inv, acc_o[mt][4 * gr + k][2 * r + 1] * inv)
-                                      : 0u;
+            inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
         }
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int gr = 0; gr < GROUPS; ++gr) quad_transpose(v[r][gr], et);   // this lane: n-tile 4gr + et
+        pack_rows_for_16b_stores(acc_o[mt], inv, et, v);   // this lane: n-tile 4gr + et of each group gr
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int i = e_row0 + mt * 16 + eg + 8 * r;

@@ -134,6 +134,29 @@ __device__ __forceinline__ void quad_transpose(unsigned (&v)[4], int t) {
     if (hi1) { v[0] = a; v[2] = b; } else { v[1] = a; v[3] = b; }
 }
 
+// The epilogue's 16-byte rows: rows g and g + 8 of one m16 accumulator tile
+// of NT 8-column n-tiles (row r in acc[j][2r], acc[j][2r + 1]), scaled by
+// inv[r] and packed to 16-bit pairs, then transposed within each quad, so
+// that v[r][gr] holds 8 consecutive columns (n-tile 4 gr + t) of row r for
+// lane t. Both rows are packed before any shuffle (independent chains).
+template <int NT>
+__device__ __forceinline__ void pack_rows_for_16b_stores(const float (&acc)[NT][4], const float (&inv)[2], int t,
+                                                         unsigned (&v)[2][(NT + 3) / 4][4]) {
+    constexpr int GROUPS = (NT + 3) / 4;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int gr = 0; gr < GROUPS; ++gr)
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                v[r][gr][k] = 4 * gr + k < NT ? pack2(acc[4 * gr + k][2 * r] * inv[r], acc[4 * gr + k][2 * r + 1] * inv[r])
+                                              : 0u;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int gr = 0; gr < GROUPS; ++gr) quad_transpose(v[r][gr], t);
+}
+
 #define NEG_INF (__int_as_float(0xff800000))
 
 // ---- common/mask.cuh: which keys a query row sees ------------------------------
@@ -692,23 +715,13 @@ attnforge_fwd_f16_d128_window_dense_softcap_sm80(const FwdParams p) {
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt) {
         unsigned v[2][GROUPS][4];
-        float l[2];
+        float l[2], inv[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             l[r] = quad_sum(row_sum[mt][r]);
-            const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-#pragma unroll
-            for (int gr = 0; gr < GROUPS; ++gr)
-#pragma unroll
-                for (int k = 0; k < 4; ++k)
-                    v[r][gr][k] = 4 * gr + k < DV / 8
-                                      ? pack2(acc_o[mt][4 * gr + k][2 * r] * inv, acc_o[mt][4 * gr + k][2 * r + 1] * inv)
-                                      : 0u;
+            inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
         }
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int gr = 0; gr < GROUPS; ++gr) quad_transpose(v[r][gr], et);   // this lane: n-tile 4gr + et
+        pack_rows_for_16b_stores(acc_o[mt], inv, et, v);   // this lane: n-tile 4gr + et of each group gr
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int i = e_row0 + mt * 16 + eg + 8 * r;
