@@ -105,6 +105,13 @@ pub struct BwdPlan {
     /// −2..−3% at d256; planned for fast-mode d128 specs without a mask.
     #[serde(default)]
     pub dk_after_dq: bool,
+    /// dK += dSᵀQ spread over the dQ phase: after each column chunk's
+    /// reductions, that chunk's share of dK's k-steps, so that every burst of
+    /// reductions drains under tensor-core work instead of under the next
+    /// chunk's first products (which overwrite the registers the queued
+    /// reductions still read). Needs every warp in both the dK and dQ grids.
+    #[serde(default)]
+    pub dk_in_dq: bool,
 }
 
 impl BwdPlan {
@@ -558,6 +565,21 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
         reasons
             .push("fast: dK after the dQ phase, while its reductions drain (measured at d128 without a mask)".into());
     }
+    // Measured at d256 dense (session 28, one process on an H100: +3.4..+4.4%);
+    // the ragged sm_90a kernels spill 16-32 B with it.
+    let dk_in_dq = !kv_in_regs
+        && !spec.deterministic
+        && !dk_after_dq
+        && dmax == 256
+        && spec.layout == crate::spec::Layout::Dense
+        && main.warps_dk.0 * main.warps_dk.1 == main.num_warps
+        && main.warps_dq.0 * main.warps_dq.1 == main.num_warps;
+    if dk_in_dq {
+        reasons.push(
+            "fast: dK's k-steps spread over the dQ phase, a share after each column chunk's reductions (measured at d256 dense)"
+                .into(),
+        );
+    }
     let bwd = BwdPlan {
         block_m: main.block_m,
         block_n: main.block_n,
@@ -580,6 +602,7 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
         kv_in_regs,
         dq_chunk,
         dk_after_dq,
+        dk_in_dq,
     };
     Some(KernelPlan {
         spec: *spec,
@@ -745,6 +768,7 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<Ker
         kv_in_regs: false,
         dq_chunk: 0,
         dk_after_dq: false,
+        dk_in_dq: false,
     };
     Ok(KernelPlan {
         spec: *spec,
@@ -899,6 +923,27 @@ mod tests {
             "bwd.bf16.d128.window.dense.sm90a",
             "bwd.bf16.d128.none.dense.det.sm90a",
             "bwd.bf16.d256.none.dense.sm90a",
+            "bwd.bf16.d64.none.dense.sm90a",
+        ] {
+            assert!(!flag(s), "{s}");
+        }
+    }
+
+    #[test]
+    fn dk_in_dq_only_where_measured() {
+        let flag = |s: &str| plan_bwd_sm80(&s.parse().unwrap()).unwrap().bwd.unwrap().dk_in_dq;
+        for s in [
+            "bwd.bf16.d256.none.dense.sm90a",
+            "bwd.bf16.d256.causal-tl.dense.sm90a",
+            "bwd.f16.d256.window.dense.softcap.sm80",
+        ] {
+            assert!(flag(s), "{s}");
+        }
+        for s in [
+            "bwd.bf16.d256.none.thd.sm90a",
+            "bwd.bf16.d256.none.dense.det.sm90a",
+            "bwd.bf16.d128.none.dense.sm90a",
+            "bwd.bf16.d128.causal-tl.dense.sm90a",
             "bwd.bf16.d64.none.dense.sm90a",
         ] {
             assert!(!flag(s), "{s}");

@@ -464,7 +464,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (warp < DV_WN * DV_WD)
             warp_gemm<DV_ROWS / 16, DV_COLS / 8, BLOCK_M / 16, false, true>(acc_dv, sPa, PITCH_M, dv_r0,
                                                                            sdOa, PITCH_V, dv_c0, lane);
-{%- if not dk_after_dq %}
+{%- if not dk_after_dq and not dk_in_dq %}
         if (warp < DK_WN * DK_WD)
             warp_gemm<DK_ROWS / 16, DK_COLS / 8, BLOCK_M / 16, false, true>(acc_dk, sdSa, PITCH_M, dk_r0,
                                                                            sQa, PITCH_QK, dk_c0, lane);
@@ -533,6 +533,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                         }
                     }
 #endif
+{%- if dk_in_dq %}
+                    // This chunk's share of dK += dS^T Q (the plan's dk_in_dq):
+                    // its MMAs issue while the chunk's reductions drain, and the
+                    // next chunk's products come after them.
+                    {
+                        constexpr int DK_KS = BLOCK_M / 16, CHUNKS = NT_ALL / NT, KPC = DK_KS / CHUNKS;
+                        static_assert(DK_KS % CHUNKS == 0, "dK's k-steps split evenly over the dQ chunks");
+                        static_assert(DK_WN * DK_WD == NUM_WARPS && DQ_WM * DQ_WD == NUM_WARPS,
+                                      "dk_in_dq: every warp is in both grids");
+                        const unsigned kb = cc * KPC * 16;     // first query row (k) of the share
+                        warp_gemm<DK_ROWS / 16, DK_COLS / 8, KPC, false, true>(acc_dk, sdSa + kb * 2, PITCH_M, dk_r0,
+                                                                             sQa + kb * PITCH_QK * 2, PITCH_QK, dk_c0, lane);
+                    }
+{%- endif %}
                 }
             }
         }
