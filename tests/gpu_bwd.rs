@@ -55,6 +55,18 @@ fn cases() -> Vec<Case> {
         dense("bwd.f16.d128.none.dense.det.sm80", 2, 4, 4, 17, 127),
         dense("bwd.bf16.d256.none.dense.sm80", 1, 2, 2, 257, 513),
         dense("bwd.f16.d256.causal-br.dense.softcap.det.sm80", 1, 2, 1, 300, 300).softcap(20.0),
+        // d256 fast mode under masks (dK's k-steps inside the dQ phase, dk_in_dq,
+        // on dense specs; not on ragged ones).
+        dense("bwd.bf16.d256.causal-br.dense.sm80", 1, 4, 2, 1000, 300),
+        dense("bwd.f16.d256.window.dense.softcap.sm80", 1, 2, 2, 300, 517)
+            .window(100, 17)
+            .softcap(20.0),
+        thd(
+            "bwd.bf16.d256.causal-tl.thd.sm80",
+            4,
+            2,
+            &[(300, 300), (0, 0), (17, 64), (1, 1)],
+        ),
         dense("bwd.bf16.d40.causal-tl.dense.sm80", 1, 4, 2, 127, 127),
         // The rest of the head-dim family (the head-dim group of the coverage matrix).
         dense("bwd.bf16.d32.causal-br.dense.sm80", 2, 4, 2, 300, 517),
