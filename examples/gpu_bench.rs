@@ -6,7 +6,7 @@
 //! d ∈ {64, 128, 256} × seqlen ∈ {512, 2k, 8k, 16k} × causal, batch·seqlen =
 //! 16k tokens, heads·d = 2048, bf16, BHSD; plus a ragged THD sweep.
 //!
-//! usage: gpu_bench [--quick] [OUT_JSON] | --tune | --tune90 | --trace90 | --trace80b | --phases | --ragged-order
+//! usage: gpu_bench [--quick] [OUT_JSON] | --tune | --tune90 | --trace90 | --trace80b | --trace80f | --phases | --ragged-order
 //!        | --ab DIR[,DIR...]
 //!        | --one SPEC [--path sm80] [--seqlen S]   (one kernel, fixed launch sequence: profilers)
 
@@ -1079,6 +1079,149 @@ fn trace80b(rng: &mut rand::rngs::StdRng) {
     }
 }
 
+/// How a traced launch kept its SMs busy when several blocks share an SM: the
+/// share of SM-time with 0, 1, 2, 3+ blocks resident (over the launch's span),
+/// the blocks' durations (10th / 50th / 90th percentile), and the median of
+/// the first blocks to start (one per slot: the first `slots` by start time)
+/// against the rest.
+fn grid_occupancy(gr: &[u64], slots: usize) -> String {
+    let mut blocks: Vec<(u64, u64, u64)> = gr
+        .chunks(3)
+        .filter(|c| c[1] != 0 && c[2] != 0)
+        .map(|c| (c[0], c[1], c[2]))
+        .collect();
+    if blocks.is_empty() {
+        return "no blocks traced".into();
+    }
+    let t0 = blocks.iter().map(|x| x.1).min().unwrap_or(0);
+    let t1 = blocks.iter().map(|x| x.2).max().unwrap_or(0);
+    let mut per_sm: std::collections::BTreeMap<u64, Vec<(u64, i64)>> = Default::default();
+    for &(sm, a, e) in &blocks {
+        let v = per_sm.entry(sm).or_default();
+        v.push((a, 1));
+        v.push((e, -1));
+    }
+    let mut at = [0u64; 4];
+    for v in per_sm.values_mut() {
+        v.sort();
+        let (mut t, mut n) = (t0, 0i64);
+        for &(x, dn) in v.iter() {
+            at[(n.max(0) as usize).min(3)] += x - t;
+            t = x;
+            n += dn;
+        }
+        at[0] += t1 - t;
+    }
+    let total = at.iter().sum::<u64>().max(1) as f64;
+    let pct = |v: &[u64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize] as f64 / 1e3;
+    let mut dur: Vec<u64> = blocks.iter().map(|x| x.2 - x.1).collect();
+    dur.sort();
+    blocks.sort_by_key(|x| x.1);
+    let split = slots.min(blocks.len());
+    let med = |v: &[(u64, u64, u64)]| {
+        let mut d: Vec<u64> = v.iter().map(|x| x.2 - x.1).collect();
+        d.sort();
+        if d.is_empty() {
+            0.0
+        } else {
+            d[d.len() / 2] as f64 / 1e3
+        }
+    };
+    format!(
+        "SM-time with 0/1/2/3+ blocks resident {:.1}% / {:.1}% / {:.1}% / {:.1}%; block durations p10/p50/p90 {:.1} / {:.1} / {:.1} us; first {} blocks median {:.1} us, the rest {:.1} us",
+        100.0 * at[0] as f64 / total,
+        100.0 * at[1] as f64 / total,
+        100.0 * at[2] as f64 / total,
+        100.0 * at[3] as f64 / total,
+        pct(&dur, 0.1),
+        pct(&dur, 0.5),
+        pct(&dur, 0.9),
+        split,
+        med(&blocks[..split]),
+        med(&blocks[split..])
+    )
+}
+
+/// Where the sm80-path forward's time goes (`--trace80f`): a tracing build of
+/// `fwd_sm80.cu` (lane 0 of every warp stamps each key tile's phases; every
+/// block records its SM, start and end), launched once after a warm-up, at
+/// d64/d128/d256 without a mask, 2k and 8k (the bench's problems, BHSD): the
+/// blocks' residency per SM, and per warp of the first two blocks the
+/// prologue, the epilogue and the shares of a key tile.
+fn trace80f(rng: &mut rand::rngs::StdRng) {
+    const ROLES: usize = 16;
+    const EVENTS: usize = 2048;
+    let names = [
+        "",
+        "",
+        "",
+        "next tile (wait, barrier)",
+        "S = QK^T",
+        "V wait, barrier (one buffer)",
+        "mask, softmax",
+        "P V",
+        "",
+    ];
+    let mut built = Vec::new();
+    for d in [64usize, 128, 256] {
+        let spec = AttnSpec::fwd(DType::Bf16, d as u16, Mask::None, Layout::Dense, Arch::Sm90a);
+        match attnforge::plan::plan_sm80_path(&spec) {
+            Ok(plan) => built.push((d, tracing_build(plan))),
+            Err(e) => println!("trace80f {spec}: no sm80-path plan ({e})"),
+        }
+    }
+    if !launch::driver_available() {
+        println!("trace80f: no CUDA driver, built only");
+        return;
+    }
+    launch::ensure_context(0).expect("context");
+    let sms = launch::device_sm_count().unwrap_or(1).max(1) as usize;
+    for (d, bk) in &built {
+        let d = *d;
+        let lk = launch::load(bk).expect("load");
+        for s in [2048usize, 8192] {
+            let (h, b) = (2048 / d, 16384 / s);
+            let (_bufs, fa) = fwd_problem(b, h, s, d, rng);
+            // SAFETY: the buffers are sized for the problem in `fa`.
+            let run = || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") };
+            let ms = time_ms(run, 10.0, 50.0);
+            let (ev, gr) = traced_run(&lk, run);
+            let flops = 4.0 * (b * h * s * s * d) as f64;
+            let slots = lk.slots() as usize;
+            let per_sm = slots / sms;
+            println!(
+                "trace80f d={d:<3} s={s:<5} b={b} h={h} block_m={} block_n={} warps={} stages={} ({per_sm} blocks per SM): {:.1} TFLOP/s timed, {}",
+                bk.plan.block_m,
+                bk.plan.block_n,
+                bk.plan.num_warps,
+                bk.plan.stages,
+                flops / ms / 1e9,
+                grid_summary(&gr)
+            );
+            println!("trace80f   {}", grid_occupancy(&gr, slots));
+            for blk in 0..2usize {
+                for warp in 0..(bk.plan.num_warps as usize).min(ROLES) {
+                    let base = (blk * ROLES + warp) * EVENTS;
+                    let stamps = trace_stamps(&ev[base..base + EVENTS]);
+                    if stamps.len() < 2 {
+                        continue;
+                    }
+                    let (sum, tiles) = trace_categories(&stamps, names.len(), 3);
+                    let tile_cycles: u64 = sum[3..8].iter().sum();
+                    println!(
+                        "trace80f   block {blk} warp {warp}: prologue {} cycles, {} key tiles at {:.0} cycles ({}), epilogue {} cycles",
+                        sum[2],
+                        tiles + 1,
+                        tile_cycles as f64 / (tiles + 1) as f64,
+                        shares(&sum, &names),
+                        sum[8]
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// The file of `spec` that `--ab` takes from `dir`: `file` where it is there;
 /// else, for the sm90a forward (`{spec}.c{consumers}.bn{block_n}.st{stages}.cubin`),
 /// the dir's one cubin of the same spec under another tile plan, if its plan
@@ -1604,6 +1747,10 @@ fn main() {
         .map(|(_, a)| a.clone());
     if args.iter().any(|a| a == "--trace80b") {
         trace80b(&mut rand::rngs::StdRng::seed_from_u64(5));
+        return;
+    }
+    if args.iter().any(|a| a == "--trace80f") {
+        trace80f(&mut rand::rngs::StdRng::seed_from_u64(6));
         return;
     }
     if args.iter().any(|a| a == "--trace90") {

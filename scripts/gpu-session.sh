@@ -5,10 +5,10 @@
 # a subset, the same-run benchmark and the sm90a forward tile variants. Prints
 # one summary line per step; logs and reports go to $OUT (or ./gpu-results).
 #   usage: scripts/gpu-session.sh [steps...]   (default: bwd fwd py memcheck bench)
-#          steps: bwd fwd py memcheck bench tune tune90 trace90 trace80b phases ragged ncu80f ab
+#          steps: bwd fwd py memcheck bench tune tune90 trace90 trace80b trace80f phases ragged ncu80f ab
 #          (tune: the sm80 forward's tile shapes, `gpu_bench --tune`)
 # Limits (seconds) can be set by env: LIMIT_BWD LIMIT_FWD LIMIT_PY LIMIT_MEMCHECK
-# LIMIT_BENCH LIMIT_TUNE LIMIT_TUNE90 LIMIT_TRACE90 LIMIT_TRACE80B LIMIT_PHASES LIMIT_RAGGED LIMIT_NCU80F LIMIT_AB; ATTNFORGE_SANITIZE_CASES picks the memcheck subset.
+# LIMIT_BENCH LIMIT_TUNE LIMIT_TUNE90 LIMIT_TRACE90 LIMIT_TRACE80B LIMIT_TRACE80F LIMIT_PHASES LIMIT_RAGGED LIMIT_NCU80F LIMIT_AB; ATTNFORGE_SANITIZE_CASES picks the memcheck subset.
 # AB_DIRS: the comma-separated cubin dirs of step ab (default .gpu/ab; scripts/ab-cubins.sh REV DIR).
 # Measured on the H200 (2026-12-03): bwd 45 s, fwd 225 s, py 70 s, memcheck
 # 12 s, bench 146 s (before the wgmma backward options got their columns:
@@ -86,6 +86,8 @@ for step in "${steps[@]}"; do
     # warp's phases per query tile).
     trace90) run trace90 "${LIMIT_TRACE90:-90}" .gpu/gpu_bench --trace90; grep -v '^trace90   block 0 warpgroup 0 events\|producer:' "$out/trace90.log" | head -n 60 ;;
     trace80b) run trace80b "${LIMIT_TRACE80B:-90}" .gpu/gpu_bench --trace80b; grep '^trace80b' "$out/trace80b.log" | head -n 60 ;;
+    # The sm80-path forward's blocks per SM over time and each key tile's phases (d64/d128/d256, 2k and 8k).
+    trace80f) run trace80f "${LIMIT_TRACE80F:-90}" .gpu/gpu_bench --trace80f; grep '^trace80f' "$out/trace80f.log" | head -n 80 ;;
     # The causal block order's phase counts against each other (plan::causal_tile_phases).
     phases) run phases "${LIMIT_PHASES:-150}" .gpu/gpu_bench --phases; grep '^phases' "$out/phases.log" | head -n 300 ;;
     # Ragged batches in batch order against longest keys first (one-tile entry; common/order.cuh).

@@ -27,6 +27,13 @@ constexpr bool SOFTCAP = {{ softcap }};
 {% include "common/fwd_params.cuh" %}
 
 {% include "common/tile.cuh" %}
+// Tracing (gpu_bench --trace80f): lane 0 of every warp stamps each key tile's
+// phases, and thread 0 records the block's SM, start and end.
+#ifdef ATTNFORGE_TRACE
+constexpr int TRACE_ROLES = 16;
+#endif
+{% include "common/trace.cuh" %}
+enum : unsigned { EV_F_START = 1, EV_F_FIRST, EV_F_TILE, EV_F_S, EV_F_V, EV_F_SOFTMAX, EV_F_PV, EV_F_EPI };
 {%- if head_major %}
 {% include "common/order.cuh" %}
 {%- endif %}
@@ -83,6 +90,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
     elem_t* sV = sK + STAGES * BLOCK_N * PITCH_QK;       // [STAGES][BLOCK_N][PITCH_V]
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+#ifdef ATTNFORGE_TRACE
+    if (tid == 0) trace_block_start();
+    Tracer tr = lane == 0 ? tracer_for(warp) : Tracer{};
+    TRACE(EV_F_START);
+#endif
     const FwdBlock blk = fwd_block(p);
     const int b = blk.b, h = blk.h, m_block = blk.m_block;
     const int hk = h / p.gqa_ratio;
@@ -178,6 +190,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
             load_v(n0, 0);
             cp_async_commit();
         }
+        TRACE(it == 0 ? EV_F_FIRST : EV_F_TILE);         // the first: the prologue's loads
 
         const unsigned sKa = sKa0 + buf * K_BUF, sVa = sVa0 + buf * V_BUF;
 
@@ -215,6 +228,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
             }
         }
 
+        TRACE(EV_F_S);
         if constexpr (STAGES == 1) {
             // V(it) has landed and every warp is done with K(it): K(it+1)
             // loads under the softmax and P V.
@@ -224,6 +238,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
                 load_k(n0 + BLOCK_N, 0);
                 cp_async_commit();
             }
+            TRACE(EV_F_V);
         }
 
         // Softcap into the log2 domain (otherwise the softmax scales the scores).
@@ -249,6 +264,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
             }
         });
 
+        TRACE(EV_F_SOFTMAX);
         // O += P V. The S accumulator layout of two n-tiles is the A-operand
         // layout of one k-step, so P never leaves registers.
 #pragma unroll
@@ -272,6 +288,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
                 }
             }
         }
+        TRACE(EV_F_PV);
         if constexpr (STAGES == 2) __syncthreads();     // buffer `buf` is refilled next iteration
     }
 
@@ -315,4 +332,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
             }
         }
     }
+#ifdef ATTNFORGE_TRACE
+    TRACE(EV_F_EPI);
+    if (lane == 0) trace_block_end();
+#endif
 }

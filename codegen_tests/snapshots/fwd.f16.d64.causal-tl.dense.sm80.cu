@@ -477,6 +477,62 @@ using KvStream = typename pick_type<RowStream<ROWS, DPAD, PITCH, NTHREADS, D_REA
                                     RowStream<ROWS, DPAD, PITCH, NTHREADS, D_REAL>,
                                     TileStream<ROWS, DPAD, PITCH, NTHREADS>>::type;
 
+// Tracing (gpu_bench --trace80f): lane 0 of every warp stamps each key tile's
+// phases, and thread 0 records the block's SM, start and end.
+#ifdef ATTNFORGE_TRACE
+constexpr int TRACE_ROLES = 16;
+#endif
+// ---- common/trace.cuh: SM clock stamps of a tracing build ---------------------
+// Compiled in only where ATTNFORGE_TRACE is defined (gpu_bench --trace90 and
+// --trace80b prepend it to a rendered plan); the planner's kernels have none
+// of this. The including template defines TRACE_ROLES, the threads per
+// block that stamp. In the first TRACE_BLOCKS blocks each role records up to
+// TRACE_EVENTS stamps, (event << 40) | SM clock bits 0..39, into
+// attnforge_trace; every block records its SM, start and end
+// (%globaltimer, ns) into attnforge_trace_grid. The host zeroes both before
+// a traced launch and reads them through the module's globals.
+#ifdef ATTNFORGE_TRACE
+constexpr int TRACE_BLOCKS = 4, TRACE_EVENTS = 2048, TRACE_GRID = 1 << 16;
+__device__ unsigned long long attnforge_trace[TRACE_BLOCKS * TRACE_ROLES * TRACE_EVENTS];
+__device__ unsigned long long attnforge_trace_grid[TRACE_GRID * 3];
+struct Tracer {
+    unsigned long long* out = nullptr;
+    int n = 0;
+    __device__ __forceinline__ void operator()(unsigned event) {
+        if (out != nullptr && n < TRACE_EVENTS)
+            out[n++] = ((unsigned long long)event << 40) | (clock64() & ((1ull << 40) - 1));
+    }
+};
+__device__ __forceinline__ unsigned block_linear() { return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); }
+__device__ __forceinline__ Tracer tracer_for(int role) {
+    Tracer t;
+    if (block_linear() < TRACE_BLOCKS) t.out = attnforge_trace + (block_linear() * TRACE_ROLES + role) * TRACE_EVENTS;
+    return t;
+}
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    return now;
+}
+// One thread per block, at its start.
+__device__ __forceinline__ void trace_block_start() {
+    if (block_linear() < TRACE_GRID) {
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        attnforge_trace_grid[3 * block_linear()] = sm;
+        attnforge_trace_grid[3 * block_linear() + 1] = global_ns();
+    }
+}
+// Any threads of the block, at their end (the latest counts).
+__device__ __forceinline__ void trace_block_end() {
+    if (block_linear() < TRACE_GRID) atomicMax(&attnforge_trace_grid[3 * block_linear() + 2], global_ns());
+}
+#define TRACE(event) tr(event)
+#else
+#define TRACE(event)
+#endif
+
+enum : unsigned { EV_F_START = 1, EV_F_FIRST, EV_F_TILE, EV_F_S, EV_F_V, EV_F_SOFTMAX, EV_F_PV, EV_F_EPI };
 
 // The block's (batch, head, query block) and its sequence's place, formed
 // from %ctaid reads that the compiler may neither merge nor hoist: the kernel
@@ -511,6 +567,11 @@ attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
     elem_t* sV = sK + STAGES * BLOCK_N * PITCH_QK;       // [STAGES][BLOCK_N][PITCH_V]
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+#ifdef ATTNFORGE_TRACE
+    if (tid == 0) trace_block_start();
+    Tracer tr = lane == 0 ? tracer_for(warp) : Tracer{};
+    TRACE(EV_F_START);
+#endif
     const FwdBlock blk = fwd_block(p);
     const int b = blk.b, h = blk.h, m_block = blk.m_block;
     const int hk = h / p.gqa_ratio;
@@ -606,6 +667,7 @@ attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
             load_v(n0, 0);
             cp_async_commit();
         }
+        TRACE(it == 0 ? EV_F_FIRST : EV_F_TILE);         // the first: the prologue's loads
 
         const unsigned sKa = sKa0 + buf * K_BUF, sVa = sVa0 + buf * V_BUF;
 
@@ -638,6 +700,7 @@ attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
             }
         }
 
+        TRACE(EV_F_S);
         if constexpr (STAGES == 1) {
             // V(it) has landed and every warp is done with K(it): K(it+1)
             // loads under the softmax and P V.
@@ -647,6 +710,7 @@ attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
                 load_k(n0 + BLOCK_N, 0);
                 cp_async_commit();
             }
+            TRACE(EV_F_V);
         }
 
         // Softcap into the log2 domain (otherwise the softmax scales the scores).
@@ -672,6 +736,7 @@ attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
             }
         });
 
+        TRACE(EV_F_SOFTMAX);
         // O += P V. The S accumulator layout of two n-tiles is the A-operand
         // layout of one k-step, so P never leaves registers.
 #pragma unroll
@@ -695,6 +760,7 @@ attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
                 }
             }
         }
+        TRACE(EV_F_PV);
         if constexpr (STAGES == 2) __syncthreads();     // buffer `buf` is refilled next iteration
     }
 
@@ -738,4 +804,8 @@ attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
             }
         }
     }
+#ifdef ATTNFORGE_TRACE
+    TRACE(EV_F_EPI);
+    if (lane == 0) trace_block_end();
+#endif
 }
