@@ -657,6 +657,30 @@ fn trace_categories(stamps: &[(u32, u32, u64)], kinds: usize, per: u32) -> (Vec<
     (sum, count)
 }
 
+/// Per (block, role) of the first `blocks` traced blocks (`roles` stamping
+/// roles each, of which the first `active` stamped): the cycles per event kind
+/// and how often `per` occurred (`trace_categories`), where the role stamped
+/// twice or more.
+fn role_categories(
+    ev: &[u64],
+    (blocks, roles, active, events): (usize, usize, usize, usize),
+    kinds: usize,
+    per: u32,
+) -> Vec<(usize, usize, Vec<u64>, usize)> {
+    let mut out = Vec::new();
+    for blk in 0..blocks {
+        for role in 0..active.min(roles) {
+            let base = (blk * roles + role) * events;
+            let stamps = trace_stamps(&ev[base..base + events]);
+            if stamps.len() >= 2 {
+                let (sum, count) = trace_categories(&stamps, kinds, per);
+                out.push((blk, role, sum, count));
+            }
+        }
+    }
+    out
+}
+
 /// "name p%" for each category with time, as shares of the total.
 fn shares(sum: &[u64], names: &[&str]) -> String {
     let total = sum.iter().sum::<u64>().max(1) as f64;
@@ -1061,20 +1085,13 @@ fn trace80b(rng: &mut rand::rngs::StdRng) {
             flops / ms / 1e9,
             grid_summary(&gr)
         );
-        for blk in 0..2usize {
-            for warp in 0..(bk.plan.num_warps as usize).min(ROLES) {
-                let base = (blk * ROLES + warp) * EVENTS;
-                let stamps = trace_stamps(&ev[base..base + EVENTS]);
-                if stamps.len() < 2 {
-                    continue;
-                }
-                let (sum, tiles) = trace_categories(&stamps, names.len(), 1);
-                println!(
-                    "trace80b   block {blk} warp {warp}: {tiles} query tiles, {:.0} cycles per tile: {}",
-                    sum.iter().sum::<u64>() as f64 / tiles.max(1) as f64,
-                    shares(&sum, &names)
-                );
-            }
+        let warps = bk.plan.num_warps as usize;
+        for (blk, warp, sum, tiles) in role_categories(&ev, (2, ROLES, warps, EVENTS), names.len(), 1) {
+            println!(
+                "trace80b   block {blk} warp {warp}: {tiles} query tiles, {:.0} cycles per tile: {}",
+                sum.iter().sum::<u64>() as f64 / tiles.max(1) as f64,
+                shares(&sum, &names)
+            );
         }
     }
 }
@@ -1199,24 +1216,18 @@ fn trace80f(rng: &mut rand::rngs::StdRng) {
                 grid_summary(&gr)
             );
             println!("trace80f   {}", grid_occupancy(&gr, slots));
-            for blk in 0..2usize {
-                for warp in 0..(bk.plan.num_warps as usize).min(ROLES) {
-                    let base = (blk * ROLES + warp) * EVENTS;
-                    let stamps = trace_stamps(&ev[base..base + EVENTS]);
-                    if stamps.len() < 2 {
-                        continue;
-                    }
-                    let (sum, tiles) = trace_categories(&stamps, names.len(), 3);
-                    let tile_cycles: u64 = sum[3..8].iter().sum();
-                    println!(
-                        "trace80f   block {blk} warp {warp}: prologue {} cycles, {} key tiles at {:.0} cycles ({}), epilogue {} cycles",
-                        sum[2],
-                        tiles + 1,
-                        tile_cycles as f64 / (tiles + 1) as f64,
-                        shares(&sum, &names),
-                        sum[8]
-                    );
-                }
+            let warps = bk.plan.num_warps as usize;
+            for (blk, warp, sum, tiles) in role_categories(&ev, (2, ROLES, warps, EVENTS), names.len(), 3) {
+                // Key tiles: one per EV_F_TILE, plus the first, which EV_F_FIRST opens after the prologue.
+                let tile_cycles: u64 = sum[3..8].iter().sum();
+                println!(
+                    "trace80f   block {blk} warp {warp}: prologue {} cycles, {} key tiles at {:.0} cycles ({}), epilogue {} cycles",
+                    sum[2],
+                    tiles + 1,
+                    tile_cycles as f64 / (tiles + 1) as f64,
+                    shares(&sum, &names),
+                    sum[8]
+                );
             }
         }
     }
