@@ -602,16 +602,21 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
     }
 }
 
+/// The traced blocks of a tracing build's grid record (`attnforge_trace_grid`:
+/// SM, start, end per block; blocks that did not record are skipped).
+fn traced_blocks(gr: &[u64]) -> Vec<(u64, u64, u64)> {
+    gr.chunks(3)
+        .filter(|c| c[1] != 0 && c[2] != 0)
+        .map(|c| (c[0], c[1], c[2]))
+        .collect()
+}
+
 /// A traced launch's grid (`attnforge_trace_grid`: SM, start, end per
 /// block): the launch's span and, per SM, the share of it spent in blocks,
 /// between blocks (the next block's start after one's end) and after its
 /// last block.
 fn grid_summary(gr: &[u64]) -> String {
-    let blocks: Vec<(u64, u64, u64)> = gr
-        .chunks(3)
-        .filter(|c| c[1] != 0 && c[2] != 0)
-        .map(|c| (c[0], c[1], c[2]))
-        .collect();
+    let blocks = traced_blocks(gr);
     let t0 = blocks.iter().map(|x| x.1).min().unwrap_or(0);
     let t1 = blocks.iter().map(|x| x.2).max().unwrap_or(0);
     let mut per_sm: std::collections::BTreeMap<u64, Vec<(u64, u64)>> = Default::default();
@@ -1102,11 +1107,7 @@ fn trace80b(rng: &mut rand::rngs::StdRng) {
 /// the first blocks to start (one per slot: the first `slots` by start time)
 /// against the rest.
 fn grid_occupancy(gr: &[u64], slots: usize) -> String {
-    let mut blocks: Vec<(u64, u64, u64)> = gr
-        .chunks(3)
-        .filter(|c| c[1] != 0 && c[2] != 0)
-        .map(|c| (c[0], c[1], c[2]))
-        .collect();
+    let mut blocks = traced_blocks(gr);
     if blocks.is_empty() {
         return "no blocks traced".into();
     }
@@ -1171,13 +1172,13 @@ fn trace80f(rng: &mut rand::rngs::StdRng) {
     let names = [
         "",
         "",
-        "",
+        "prologue",
         "next tile (wait, barrier)",
         "S = QK^T",
         "V wait, barrier (one buffer)",
         "mask, softmax",
         "P V",
-        "",
+        "epilogue",
     ];
     let mut built = Vec::new();
     for d in [64usize, 128, 256] {
