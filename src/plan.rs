@@ -143,6 +143,15 @@ pub struct KernelPlan {
     /// staging fits beside the ring without shrinking it. Absent elsewhere.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tma_store_o: bool,
+    /// sm80-path forward: Q, K and V stored swizzled in shared memory instead
+    /// of padded (rows of whole 128-byte lines, each 16-byte chunk at
+    /// `chunk ^ (row % 8)`; `templates/common/tile.cuh`), so that each cp.async
+    /// line lands in one shared-memory line (ncu, session 29: padded rows cost
+    /// 2.6× the ideal wavefronts). Planned at d64 and d256 ([`fwd_swizzle`]);
+    /// `smem_pitch_*` and `smem_bytes` keep the padded rows' figures (the pads
+    /// go unused), so the tile choices are those of the padded layout.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub smem_swizzle: bool,
     /// The work tiles walk one (batch, head) at a time, its tiles
     /// consecutive, instead of all heads of one tile at a time. sm90a
     /// forward: query blocks (the blocks in flight share K and V in L2).
@@ -461,6 +470,10 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
                 .into(),
         );
     }
+    let smem_swizzle = fwd_swizzle(spec, dqk, dv);
+    if smem_swizzle {
+        reasons.push("Q/K/V tiles swizzled in shared memory (whole 128-byte lines per copy), not padded".into());
+    }
 
     KernelPlan {
         spec: *spec,
@@ -486,9 +499,24 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
         rowsum_mma: false,
         tail_first: false,
         tma_store_o: false,
+        smem_swizzle,
         head_major,
         cluster_m: 1,
         bwd: None,
+    }
+}
+
+/// Whether the sm80-path forward stores Q, K and V swizzled
+/// ([`KernelPlan::smem_swizzle`]). Measured (session 29, one process on an
+/// H100): +3..+10% at d64 and d256. Where it spills it is not planned: d128
+/// (4–20 B: the key loop is at 255 registers), d192 under masks (16–32 B),
+/// and d256 ragged batches under masks on sm_90a (4 B); the compile sweep
+/// checks the rest.
+pub fn fwd_swizzle(spec: &AttnSpec, dqk: u32, dv: u32) -> bool {
+    match (dqk, dv) {
+        (64, 64) => true,
+        (256, 256) => !(spec.layout == Layout::Thd && spec.mask != Mask::None && spec.arch == Arch::Sm90a),
+        _ => false,
     }
 }
 
@@ -890,9 +918,10 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
         // Off: correct on the GPU, but tune90 measured d64 2k causal -3.2%
         // (walk) / -9.3% (one tile) (docs/benchmarks/2026-12-05-s23-gpu.md).
         tail_first: false,
-        // Session 24, compile-only: O through shared memory by TMA stores
-        // (the trace puts the epilogue at 16-27% of a walk tile at seqlen
-        // 512). Off until timed and checked on a GPU.
+        // Session 24: O through shared memory by TMA stores (the trace puts
+        // the epilogue at 16-27% of a walk tile at seqlen 512). Correct on
+        // the GPU; timed in session 29 at -2.0..+1.0% at 512 and -6.5..+1.4%
+        // at 2k (docs/benchmarks/2026-12-06-s29-gpu.md): off.
         tma_store_o: false,
     }
 }
@@ -1105,6 +1134,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         rowsum_mma,
         tail_first,
         tma_store_o,
+        smem_swizzle: false,
         head_major,
         cluster_m,
         bwd: None,
@@ -1146,6 +1176,36 @@ impl fmt::Display for KernelPlan {
 mod tests {
     use super::*;
 
+    #[test]
+    fn fwd_swizzle_at_d64_and_d256_where_spill_free() {
+        let sw = |s: &str| plan(&s.parse().unwrap()).unwrap().smem_swizzle;
+        for s in [
+            "fwd.bf16.d64.none.dense.sm80",
+            "fwd.f16.d64.causal-br.thd.sm86",
+            "fwd.bf16.d256.causal-tl.dense.sm80",
+            "fwd.bf16.d256.causal-br.thd.sm80",
+            "fwd.bf16.d256.none.thd.sm80",
+        ] {
+            assert!(sw(s), "{s}");
+        }
+        for s in [
+            "fwd.bf16.d128.none.dense.sm80",
+            "fwd.bf16.d96.none.dense.sm80",
+            "fwd.bf16.d192.causal-br.dense.sm80",
+            "fwd.bf16.d192v128.none.dense.sm80",
+        ] {
+            assert!(!sw(s), "{s}");
+        }
+        // The sm80 path of sm90a specs: d256 ragged batches under a mask spill 4 B with it.
+        let sm80 = |s: &str| plan_sm80_path(&s.parse().unwrap()).unwrap().smem_swizzle;
+        assert!(sm80("fwd.bf16.d256.none.dense.sm90a"));
+        assert!(sm80("fwd.bf16.d256.none.thd.sm90a"));
+        assert!(sm80("fwd.bf16.d64.causal-tl.dense.sm90a"));
+        assert!(!sm80("fwd.bf16.d256.causal-br.thd.sm90a"));
+        // The padded figures stay the plan's (the tile choices do not move).
+        let p = plan(&"fwd.bf16.d256.none.dense.sm80".parse().unwrap()).unwrap();
+        assert_eq!(p.smem_pitch_qk, 264);
+    }
     #[test]
     fn the_tune_candidates_start_with_the_planners_dense_shape() {
         use crate::spec::DType;

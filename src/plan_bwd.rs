@@ -112,6 +112,14 @@ pub struct BwdPlan {
     /// reductions still read). Needs every warp in both the dK and dQ grids.
     #[serde(default)]
     pub dk_in_dq: bool,
+    /// The main kernel's Q and dO tiles (copied once per query tile) stored
+    /// swizzled instead of padded: rows of whole 128-byte lines, each 16-byte
+    /// chunk at `chunk ^ (row % 8)` (`templates/common/tile.cuh`). The copies
+    /// then write whole shared-memory lines (ncu, session 29: 2.3–2.6× the ideal
+    /// wavefronts with padded rows). Needs head dims that are multiples of 64
+    /// and dK/dV warp tiles of whole 64-column lines.
+    #[serde(default)]
+    pub qdo_swizzle: bool,
 }
 
 impl BwdPlan {
@@ -580,6 +588,13 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
                 .into(),
         );
     }
+    let qdo_swizzle = dqk.is_multiple_of(64)
+        && dv.is_multiple_of(64)
+        && (dqk / main.warps_dk.1).is_multiple_of(64)
+        && (dv / main.warps_dv.1).is_multiple_of(64);
+    if qdo_swizzle {
+        reasons.push("main: Q/dO tiles swizzled (whole 128-byte lines per copy), not padded".into());
+    }
     let bwd = BwdPlan {
         block_m: main.block_m,
         block_n: main.block_n,
@@ -603,6 +618,7 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
         dq_chunk,
         dk_after_dq,
         dk_in_dq,
+        qdo_swizzle,
     };
     Some(KernelPlan {
         spec: *spec,
@@ -628,6 +644,7 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
         rowsum_mma: false,
         tail_first: false,
         tma_store_o: false,
+        smem_swizzle: false,
         head_major: true,
         cluster_m: 1,
         bwd: Some(bwd),
@@ -769,6 +786,7 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<Ker
         dq_chunk: 0,
         dk_after_dq: false,
         dk_in_dq: false,
+        qdo_swizzle: false,
     };
     Ok(KernelPlan {
         spec: *spec,
@@ -794,6 +812,7 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<Ker
         rowsum_mma: false,
         tail_first: false,
         tma_store_o: false,
+        smem_swizzle: false,
         head_major: true,
         cluster_m: 1,
         bwd: Some(bwd),
@@ -948,6 +967,39 @@ mod tests {
         ] {
             assert!(!flag(s), "{s}");
         }
+    }
+
+    #[test]
+    fn qdo_swizzle_where_q_and_do_rows_are_whole_lines() {
+        let bwd = |s: &str| plan_bwd_sm80(&s.parse().unwrap()).unwrap().bwd.unwrap();
+        for s in [
+            "bwd.bf16.d64.none.dense.sm90a",
+            "bwd.bf16.d64.causal-br.thd.sm80",
+            "bwd.bf16.d128.causal-tl.dense.sm90a",
+            "bwd.f16.d128.window.thd.softcap.sm80",
+            "bwd.bf16.d256.none.dense.sm90a",
+            "bwd.bf16.d256.causal-br.thd.sm90a",
+            "bwd.bf16.d256.none.dense.det.sm90a",
+        ] {
+            let b = bwd(s);
+            assert!(b.qdo_swizzle, "{s}");
+            // The dK/dV warp tiles span whole 64-column lines (sw_addr's XOR).
+            let d: u32 = s.split('.').nth(2).unwrap()[1..].parse().unwrap();
+            assert_eq!((d / b.warps_dk.1) % 64, 0, "{s}");
+            assert_eq!((d / b.warps_dv.1) % 64, 0, "{s}");
+        }
+        // Rows that are not whole 128-byte lines keep the padded layout.
+        for s in [
+            "bwd.bf16.d96.none.dense.sm90a",
+            "bwd.f16.d40.none.thd.sm86",
+            "bwd.bf16.d192v128.none.dense.sm80",
+        ] {
+            assert!(!bwd(s).qdo_swizzle, "{s}");
+        }
+        // The wgmma backward has no such tiles.
+        let p = plan(&"bwd.bf16.d128.none.dense.sm90a".parse().unwrap()).unwrap();
+        assert_eq!(p.template, Template::BwdSm90a);
+        assert!(!p.bwd.unwrap().qdo_swizzle);
     }
 
     #[test]

@@ -102,6 +102,8 @@ struct FwdContext {
     softcap: bool,
     min_blocks: u32,
     head_major: bool,
+    /// Q, K and V tiles swizzled instead of padded (rows of whole 128-byte lines).
+    swizzle: bool,
 }
 
 /// The values the sm90a forward template sees.
@@ -182,6 +184,7 @@ struct BwdContext {
     dk_in_dq: bool,
     dq_frags_once: bool,
     kv_in_regs: bool,
+    qdo_swizzle: bool,
     head_major: bool,
 }
 
@@ -271,6 +274,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
             dk_in_dq: b.dk_in_dq,
             dq_frags_once: b.dq_frags_once,
             kv_in_regs: b.kv_in_regs,
+            qdo_swizzle: b.qdo_swizzle,
             head_major: plan.head_major,
         })
         .map_err(ctx_err)?,
@@ -359,6 +363,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
             softcap: spec.softcap,
             min_blocks: plan.min_blocks_per_sm,
             head_major: plan.head_major,
+            swizzle: plan.smem_swizzle,
         })
         .map_err(ctx_err)?,
     };

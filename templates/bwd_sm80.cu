@@ -33,6 +33,12 @@ constexpr int DV = {{ d_v_pad }};
 constexpr int PITCH_QK = {{ pitch_qk }};             // shared-memory row pitches, elements
 constexpr int PITCH_V = {{ pitch_v }};
 constexpr int PITCH_M = {{ pitch_m }};               // P^T / dS^T tiles [BLOCK_N][PITCH_M]
+// The main kernel's Q and dO tiles, copied once per query tile: swizzled rows
+// without a pad (the plan's qdo_swizzle; common/tile.cuh, load_tile) where
+// their rows are whole 128-byte lines, else padded as K and V.
+constexpr bool QDO_SW = {{ qdo_swizzle }};
+constexpr int PITCH_Q = QDO_SW ? DQK : PITCH_QK;
+constexpr int PITCH_DO = QDO_SW ? DV : PITCH_V;
 constexpr int MASK_KIND = {{ mask_kind }};
 constexpr bool IS_THD = {{ is_thd }};
 constexpr bool SOFTCAP = {{ softcap }};
@@ -127,6 +133,33 @@ __device__ __forceinline__ int b_lane_off(int pitch, int lane) {
     }
 }
 
+// B operands in a swizzled tile (QDO_SW): rows of pitch * 2 bytes, a multiple
+// of 128, chunk c of row r stored at c ^ (r % 8). The lane's row and chunk at
+// (outer, k) = (0, 0), as b_lane_off, with its chunk swizzled by its row (the
+// lane's row % 8 is lane % 8 in both forms, every fragment tile starting at a
+// row that is a multiple of 8).
+template <bool B_T>
+__device__ __forceinline__ int sw_lane_off(int pitch, int lane) {
+    if constexpr (!B_T) {
+        return ((lane & 7) + (lane >> 4) * 8) * pitch * 2 + ((((lane >> 3) & 1) ^ (lane & 7)) << 4);
+    } else {
+        return ((lane & 7) + ((lane >> 3) & 1) * 8) * pitch * 2 + (((lane >> 4) ^ (lane & 7)) << 4);
+    }
+}
+
+// The address of the fragment tile at (outer, k) (constants at every call) from
+// `base` = the tile's address + sw_lane_off + whole rows (stored [col][k]) or
+// whole 64-column lines (stored [k][col]): the tile's 16-column block j within
+// its 128-byte line moves the lane's chunk by 2j, which is an XOR by 2j because
+// the lane's own chunk bit and 2j do not overlap (the tile base must be a
+// multiple of 128 bytes, which the kernel checks).
+template <bool B_T>
+__device__ __forceinline__ unsigned sw_addr(unsigned base, int pitch, int outer, int k) {
+    const int j = B_T ? (outer >> 4) & 3 : (k >> 4) & 3;
+    const int imm = B_T ? k * pitch * 2 + (outer >> 6) * 128 : outer * pitch * 2 + (k >> 6) * 128;
+    return (base ^ (unsigned)(j << 5)) + imm;
+}
+
 template <bool T>
 __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
     if constexpr (T) {
@@ -136,9 +169,13 @@ __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
     }
 }
 
-template <bool B_T>
+template <bool B_T, bool B_SW = false>
 __device__ __forceinline__ void load_b(unsigned (&b)[4], unsigned base, int pitch, int c0, int k0, int lane) {
-    ldsm_x4<B_T>(b, base + b_lane_off<B_T>(pitch, lane) + tile_off<B_T>(pitch, c0, k0));
+    if constexpr (B_SW) {
+        ldsm_x4<B_T>(b, sw_addr<B_T>(base + sw_lane_off<B_T>(pitch, lane), pitch, c0, k0));
+    } else {
+        ldsm_x4<B_T>(b, base + b_lane_off<B_T>(pitch, lane) + tile_off<B_T>(pitch, c0, k0));
+    }
 }
 
 // The products of one A fragment with a pair of B fragments (two n8 tiles,
@@ -161,7 +198,9 @@ __device__ __forceinline__ void mma_pair(float (&d0)[4], float (&d1)[4], const u
 // clears at 7% of the main kernel's instructions).
 // Accumulator layout: thread (g = lane/4, t = lane%4) holds, of each 16x8 tile,
 // rows g (elements 0, 1) and g + 8 (elements 2, 3), columns 2t and 2t + 1.
-template <int MT, int NT, int KSTEPS, bool A_T, bool B_T, bool FIRST = false>
+// B_SW: B is a swizzled tile (sw_addr); c0 is then a multiple of 8 rows
+// (stored [col][k]) or of 64 columns (stored [k][col]).
+template <int MT, int NT, int KSTEPS, bool A_T, bool B_T, bool FIRST = false, bool B_SW = false>
 __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], unsigned sA, int pitch_a, int r0,
                                           unsigned sB, int pitch_b, int c0, int lane) {
     static_assert(NT % 2 == 0, "B operands are loaded two n8 tiles at a time");
@@ -171,7 +210,8 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], unsigned sA, 
     int ln = lane;
     asm volatile("" : "+r"(ln));
     const unsigned a0 = sA + a_lane_off<A_T>(pitch_a, ln) + tile_off<A_T>(pitch_a, r0, 0);
-    const unsigned b0 = sB + b_lane_off<B_T>(pitch_b, ln) + tile_off<B_T>(pitch_b, c0, 0);
+    const unsigned b0 =
+        sB + (B_SW ? sw_lane_off<B_T>(pitch_b, ln) : b_lane_off<B_T>(pitch_b, ln)) + tile_off<B_T>(pitch_b, c0, 0);
     // One k-step: MT A fragments, NT / 2 B fragment pairs, MT x NT products.
     auto step = [&](int ks, bool first) {   // `first` is a constant at both calls
         unsigned a[MT][4];
@@ -180,7 +220,8 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], unsigned sA, 
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
             unsigned b[4];
-            ldsm_x4<B_T>(b, b0 + tile_off<B_T>(pitch_b, np * 16, ks * 16));
+            ldsm_x4<B_T>(b, B_SW ? sw_addr<B_T>(b0, pitch_b, np * 16, ks * 16)
+                                 : b0 + tile_off<B_T>(pitch_b, np * 16, ks * 16));
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) mma_pair(acc[mt][2 * np], acc[mt][2 * np + 1], a[mt], b, first);
         }
@@ -235,13 +276,13 @@ __device__ __forceinline__ void warp_gemm_a(float (&acc)[MT][NT][4], const unsig
 // One k-step, acc[MT][NT][4] += A x B[k0 .. k0 + 16, 0 .. 8 NT): A in registers
 // (MT fragments), B stored [k][col] (ldmatrix.trans). The S phase's dV/dK
 // products under kv_in_regs.
-template <int MT, int NT>
+template <int MT, int NT, bool B_SW = false>
 __device__ __forceinline__ void kstep_from_regs(float (&acc)[MT][NT][4], const unsigned (&a)[MT][4], unsigned sB,
                                                 int pitch_b, int k0, int lane) {
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
         unsigned b[4];
-        load_b<true>(b, sB, pitch_b, np * 16, k0, lane);
+        load_b<true, B_SW>(b, sB, pitch_b, np * 16, k0, lane);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) mma_pair(acc[mt][2 * np], acc[mt][2 * np + 1], a[mt], b, false);
     }
@@ -261,23 +302,28 @@ __device__ __forceinline__ void zero_acc(float (&acc)[MT][NT][4]) {
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {{ entry }}(const BwdParams p) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    extern __shared__ __align__(128) unsigned char smem_raw[];
     elem_t* sK = reinterpret_cast<elem_t*>(smem_raw);    // [BLOCK_N][PITCH_QK]
     elem_t* sV = sK + BLOCK_N * PITCH_QK;                // [BLOCK_N][PITCH_V]
-    elem_t* sQ = sV + BLOCK_N * PITCH_V;                 // [Q_STAGES][BLOCK_M][PITCH_QK]
-    elem_t* sdO = sQ + Q_STAGES * BLOCK_M * PITCH_QK;    // [Q_STAGES][BLOCK_M][PITCH_V]
+    elem_t* sQ = sV + BLOCK_N * PITCH_V;                 // [Q_STAGES][BLOCK_M][PITCH_Q]
+    elem_t* sdO = sQ + Q_STAGES * BLOCK_M * PITCH_Q;     // [Q_STAGES][BLOCK_M][PITCH_DO]
     // P^T and dS^T [BLOCK_N][PITCH_M] each: no P^T tile where dV and dK are
     // accumulated from registers (kv_in_regs), and then no dS^T tile either
     // without a dQ phase (deterministic mode).
     constexpr int P_TILE = {% if kv_in_regs %}0{% else %}BLOCK_N * PITCH_M{% endif %};
     constexpr int DS_TILE = {% if kv_in_regs and deterministic %}0{% else %}BLOCK_N * PITCH_M{% endif %};
-    elem_t* sP = sdO + Q_STAGES * BLOCK_M * PITCH_V;     // P^T
+    elem_t* sP = sdO + Q_STAGES * BLOCK_M * PITCH_DO;    // P^T
     elem_t* sdS = sP + P_TILE;                           // dS^T
     float* sLse = reinterpret_cast<float*>(sdS + DS_TILE);             // [Q_STAGES][BLOCK_M]
     float* sDsum = sLse + Q_STAGES * BLOCK_M;                          // [Q_STAGES][BLOCK_M]
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
+    // Swizzled Q/dO tiles (sw_addr): whole 64-column lines per warp tile of
+    // the dK/dV products, and tile buffers at multiples of 128 bytes.
+    static_assert(!QDO_SW || (DK_COLS % 64 == 0 && DV_COLS % 64 == 0 && (BLOCK_N * (PITCH_QK + PITCH_V) * 2) % 128 == 0),
+                  "qdo_swizzle: 64-column warp tiles, 128-byte aligned Q/dO buffers");
+    if (QDO_SW && (smem_addr(smem_raw) & 127) != 0) __trap();
 #ifdef ATTNFORGE_TRACE
     if (tid == 0) trace_block_start();
     Tracer tr = lane == 0 ? tracer_for(warp) : Tracer{};
@@ -308,9 +354,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const int h = hk * p.gqa_ratio + st.qh;
         const int m0 = (m_begin + st.mt) * BLOCK_M;
         const long long row0 = si.q_off + m0;
-        load_tile<BLOCK_M, DQK, PITCH_QK, THREADS>(sQ + buf * BLOCK_M * PITCH_QK,
+        load_tile<BLOCK_M, DQK, PITCH_Q, THREADS, QDO_SW>(sQ + buf * BLOCK_M * PITCH_Q,
             p.q + b * p.q_sb + row0 * p.q_ss + h * p.q_sh, p.q_ss, sq - m0, D_QK, tid);
-        load_tile<BLOCK_M, DV, PITCH_V, THREADS>(sdO + buf * BLOCK_M * PITCH_V,
+        load_tile<BLOCK_M, DV, PITCH_DO, THREADS, QDO_SW>(sdO + buf * BLOCK_M * PITCH_DO,
             p.dout + b * p.do_sb + row0 * p.do_ss + h * p.do_sh, p.do_ss, sq - m0, D_V, tid);
         stage_rows<true>(p, b, h, si.q_off, m0, sq, BLOCK_M, tid, sLse + buf * BLOCK_M, sDsum + buf * BLOCK_M);
     };
@@ -362,8 +408,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
         const int h = hk * p.gqa_ratio + cur.qh;
         const int m0 = (m_begin + cur.mt) * BLOCK_M;
-        const unsigned sQa = smem_addr(sQ + buf * BLOCK_M * PITCH_QK);
-        const unsigned sdOa = smem_addr(sdO + buf * BLOCK_M * PITCH_V);
+        const unsigned sQa = smem_addr(sQ + buf * BLOCK_M * PITCH_Q);
+        const unsigned sdOa = smem_addr(sdO + buf * BLOCK_M * PITCH_DO);
         const float* lse2_t = sLse + buf * BLOCK_M;
         const float* dsum_t = sDsum + buf * BLOCK_M;
 
@@ -378,8 +424,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             for (int cc = 0; cc < NT_ALL / NT; ++cc) {
                 const int c0 = (warp % S_WM) * S_COLS + cc * NT * 8;   // query row within the tile
                 float acc_s[MT][NT][4], acc_dp[MT][NT][4];
-                warp_gemm<MT, NT, DQK / 16, false, false, true>(acc_s, sKa, PITCH_QK, r0, sQa, PITCH_QK, c0, lane);
-                warp_gemm<MT, NT, DV / 16, false, false, true>(acc_dp, sVa, PITCH_V, r0, sdOa, PITCH_V, c0, lane);
+                warp_gemm<MT, NT, DQK / 16, false, false, true, QDO_SW>(acc_s, sKa, PITCH_QK, r0, sQa, PITCH_Q, c0, lane);
+                warp_gemm<MT, NT, DV / 16, false, false, true, QDO_SW>(acc_dp, sVa, PITCH_V, r0, sdOa, PITCH_DO, c0,
+                                                                       lane);
                 // P and dS of the chunk. Tiles away from the sequence ends and
                 // the mask's edge skip the per-score visibility test (a separate,
                 // uniform path: as one path, the compiler predicated every score).
@@ -433,8 +480,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                             ads[mt][2 * h2 + 1] = pack2(d0[2], d0[3]);
                         }
                     }
-                    kstep_from_regs(acc_dv, ap, sdOa, PITCH_V, c0 + kk * 16, lane);
-                    kstep_from_regs(acc_dk, ads, sQa, PITCH_QK, c0 + kk * 16, lane);
+                    kstep_from_regs<MT, DV_COLS / 8, QDO_SW>(acc_dv, ap, sdOa, PITCH_DO, c0 + kk * 16, lane);
+                    kstep_from_regs<MT, DK_COLS / 8, QDO_SW>(acc_dk, ads, sQa, PITCH_Q, c0 + kk * 16, lane);
                 }
 {%- endif %}
 {%- if not kv_in_regs or not deterministic %}
@@ -462,12 +509,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% if kv_in_regs %}        // (dV and dK were accumulated in the S phase: kv_in_regs.)
 {% else %}        // ---- KV phase: dV += P^T dO, dK += dS^T Q (accumulators stay in registers).
         if (warp < DV_WN * DV_WD)
-            warp_gemm<DV_ROWS / 16, DV_COLS / 8, BLOCK_M / 16, false, true>(acc_dv, sPa, PITCH_M, dv_r0,
-                                                                           sdOa, PITCH_V, dv_c0, lane);
+            warp_gemm<DV_ROWS / 16, DV_COLS / 8, BLOCK_M / 16, false, true, false, QDO_SW>(acc_dv, sPa, PITCH_M, dv_r0,
+                                                                                          sdOa, PITCH_DO, dv_c0, lane);
 {%- if not dk_after_dq and not dk_in_dq %}
         if (warp < DK_WN * DK_WD)
-            warp_gemm<DK_ROWS / 16, DK_COLS / 8, BLOCK_M / 16, false, true>(acc_dk, sdSa, PITCH_M, dk_r0,
-                                                                           sQa, PITCH_QK, dk_c0, lane);
+            warp_gemm<DK_ROWS / 16, DK_COLS / 8, BLOCK_M / 16, false, true, false, QDO_SW>(acc_dk, sdSa, PITCH_M, dk_r0,
+                                                                                          sQa, PITCH_Q, dk_c0, lane);
 {%- endif %}
 {% endif %}        TRACE(EV_B_KV);
 
@@ -543,8 +590,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                         static_assert(DK_WN * DK_WD == NUM_WARPS && DQ_WM * DQ_WD == NUM_WARPS,
                                       "dk_in_dq: every warp is in both grids");
                         const unsigned kb = cc * KPC * 16;     // first query row (k) of the share
-                        warp_gemm<DK_ROWS / 16, DK_COLS / 8, KPC, false, true>(acc_dk, sdSa + kb * 2, PITCH_M, dk_r0,
-                                                                             sQa + kb * PITCH_QK * 2, PITCH_QK, dk_c0, lane);
+                        warp_gemm<DK_ROWS / 16, DK_COLS / 8, KPC, false, true, false, QDO_SW>(
+                            acc_dk, sdSa + kb * 2, PITCH_M, dk_r0, sQa + kb * PITCH_Q * 2, PITCH_Q, dk_c0, lane);
                     }
 {%- endif %}
                 }
@@ -555,8 +602,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // dK after the dQ phase (the plan's dk_after_dq): its MMAs issue while
         // the dQ reductions drain.
         if (warp < DK_WN * DK_WD)
-            warp_gemm<DK_ROWS / 16, DK_COLS / 8, BLOCK_M / 16, false, true>(acc_dk, sdSa, PITCH_M, dk_r0,
-                                                                           sQa, PITCH_QK, dk_c0, lane);
+            warp_gemm<DK_ROWS / 16, DK_COLS / 8, BLOCK_M / 16, false, true, false, QDO_SW>(acc_dk, sdSa, PITCH_M, dk_r0,
+                                                                                          sQa, PITCH_Q, dk_c0, lane);
 {%- endif %}
         if (Q_STAGES == 1) {
             __syncthreads();                             // P^T, dS^T and the one Q/dO buffer are rewritten next

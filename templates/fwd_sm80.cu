@@ -14,8 +14,13 @@ constexpr int D_QK = {{ d_qk }};                     // real head dims
 constexpr int D_V = {{ d_v }};
 constexpr int DQK = {{ d_qk_pad }};                  // padded to the k-step (16)
 constexpr int DV = {{ d_v_pad }};
-constexpr int PITCH_QK = {{ pitch_qk }};             // shared-memory row pitch, elements
-constexpr int PITCH_V = {{ pitch_v }};
+// Q, K and V tiles swizzled instead of padded (the plan's smem_swizzle;
+// common/tile.cuh, load_tile's SW): unpadded rows of whole 128-byte lines, so
+// each copy writes whole shared-memory lines. Else padded rows (the plan's row
+// pitches, elements; the plan's shared-memory size keeps them either way).
+constexpr bool SW = {{ swizzle }};
+constexpr int PITCH_QK = SW ? DQK : {{ pitch_qk }};
+constexpr int PITCH_V = SW ? DV : {{ pitch_v }};
 constexpr int MASK_KIND = {{ mask_kind }};
 constexpr bool IS_THD = {{ is_thd }};
 constexpr bool SOFTCAP = {{ softcap }};
@@ -84,12 +89,14 @@ __device__ __forceinline__ FwdBlock fwd_block(const FwdParams& p) {
 
 extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
 {{ entry }}(const FwdParams p) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    extern __shared__ __align__(128) unsigned char smem_raw[];
     elem_t* sQ = reinterpret_cast<elem_t*>(smem_raw);
     elem_t* sK = sQ + BLOCK_M * PITCH_QK;                // [STAGES][BLOCK_N][PITCH_QK]
     elem_t* sV = sK + STAGES * BLOCK_N * PITCH_QK;       // [STAGES][BLOCK_N][PITCH_V]
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    // The swizzled fragment addresses (frag_addr) XOR bits of the absolute address.
+    if (SW && (smem_addr(smem_raw) & 127) != 0) __trap();
 #ifdef ATTNFORGE_TRACE
     if (tid == 0) trace_block_start();
     Tracer tr = lane == 0 ? tracer_for(warp) : Tracer{};
@@ -132,15 +139,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
     // (the k-step and tile parts are then immediates): Q's x4 reads rows
     // 0-15 at columns 0/8, K's keys 0-7/8-15 at columns 0/8, V's (transposed)
     // keys 0-15 at columns 0/8.
-    const unsigned q_frag = ((warp_row0 + (lane & 7) + ((lane >> 3) & 1) * 8) * PITCH_QK + (lane >> 4) * 8) * 2;
-    const unsigned k_frag = (((lane & 7) + (lane >> 4) * 8) * PITCH_QK + ((lane >> 3) & 1) * 8) * 2;
-    const unsigned v_frag = (((lane & 7) + ((lane >> 3) & 1) * 8) * PITCH_V + (lane >> 4) * 8) * 2;
+    // Swizzled tiles: the lane's chunk is XORed with its row % 8 (lane % 8).
+    const int q_ch = SW ? (lane >> 4) ^ (lane & 7) : lane >> 4;
+    const int k_ch = SW ? ((lane >> 3) & 1) ^ (lane & 7) : (lane >> 3) & 1;
+    const int v_ch = SW ? (lane >> 4) ^ (lane & 7) : lane >> 4;
+    const unsigned q_frag = ((warp_row0 + (lane & 7) + ((lane >> 3) & 1) * 8) * PITCH_QK + q_ch * 8) * 2;
+    const unsigned k_frag = (((lane & 7) + (lane >> 4) * 8) * PITCH_QK + k_ch * 8) * 2;
+    const unsigned v_frag = (((lane & 7) + ((lane >> 3) & 1) * 8) * PITCH_V + v_ch * 8) * 2;
+    // A fragment tile's address from the lane's (base + *_frag): `rows` whole
+    // rows down and `col` columns across (both multiples of 16). Swizzled, the
+    // column's 16-element block j within its 128-byte line is an XOR by 2j
+    // chunks (the lane's own chunk bit and 2j do not overlap); the tile bases
+    // are multiples of 128 bytes.
+    auto frag_addr = [](unsigned lane_addr, int pitch, int rows, int col) -> unsigned {
+        if constexpr (SW) {
+            return (lane_addr ^ (unsigned)(((col >> 4) & 3) << 5)) + rows * pitch * 2 + (col >> 6) * 128;
+        } else {
+            return lane_addr + (rows * pitch + col) * 2;
+        }
+    };
 
     // K/V tiles: each thread streams its own chunks through the tiles
     // (common/tile.cuh: KvStream picks RowStream at d256, else TileStream
     // where each thread keeps one column), else the general copy.
-    using KStream = KvStream<BLOCK_N, DQK, PITCH_QK, THREADS, D_QK>;
-    using VStream = KvStream<BLOCK_N, DV, PITCH_V, THREADS, D_V>;
+    using KStream = KvStream<BLOCK_N, DQK, PITCH_QK, THREADS, D_QK, SW>;
+    using VStream = KvStream<BLOCK_N, DV, PITCH_V, THREADS, D_V, SW>;
     KStream k_stream(gK + n_begin * p.k_ss, p.k_ss, D_QK, tid);
     VStream v_stream(gV + n_begin * p.v_ss, p.v_ss, D_V, tid);
     // Shared-memory byte addresses of the buffers, formed once (a generic
@@ -151,18 +174,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
         if constexpr (KStream::FITS) {
             k_stream.copy(sKa0 + buf * K_BUF, sk - n, gK);
         } else {
-            load_tile<BLOCK_N, DQK, PITCH_QK, THREADS>(sK + buf * BLOCK_N * PITCH_QK, gK + n * p.k_ss, p.k_ss, sk - n, D_QK, tid);
+            load_tile<BLOCK_N, DQK, PITCH_QK, THREADS, SW>(sK + buf * BLOCK_N * PITCH_QK, gK + n * p.k_ss, p.k_ss, sk - n, D_QK, tid);
         }
     };
     auto load_v = [&](int n, int buf) {
         if constexpr (VStream::FITS) {
             v_stream.copy(sVa0 + buf * V_BUF, sk - n, gV);
         } else {
-            load_tile<BLOCK_N, DV, PITCH_V, THREADS>(sV + buf * BLOCK_N * PITCH_V, gV + n * p.v_ss, p.v_ss, sk - n, D_V, tid);
+            load_tile<BLOCK_N, DV, PITCH_V, THREADS, SW>(sV + buf * BLOCK_N * PITCH_V, gV + n * p.v_ss, p.v_ss, sk - n, D_V, tid);
         }
     };
     if (n_tiles > 0) {
-        load_tile<BLOCK_M, DQK, PITCH_QK, THREADS>(sQ, gQ, p.q_ss, sq - m0, D_QK, tid);
+        load_tile<BLOCK_M, DQK, PITCH_QK, THREADS, SW>(sQ, gQ, p.q_ss, sq - m0, D_QK, tid);
         load_k(n_begin, 0);
         if constexpr (STAGES == 2) load_v(n_begin, 0);
         cp_async_commit();
@@ -215,11 +238,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
             unsigned a[M_TILES][4];
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt)
-                ldmatrix_x4(a[mt], sQa + q_frag + (mt * 16 * PITCH_QK + ks * 16) * 2);
+                ldmatrix_x4(a[mt], frag_addr(sQa + q_frag, PITCH_QK, mt * 16, ks * 16));
 #pragma unroll
             for (int np = 0; np < BLOCK_N / 16; ++np) {
                 unsigned bk[4];
-                ldmatrix_x4(bk, sKa + k_frag + (np * 16 * PITCH_QK + ks * 16) * 2);
+                ldmatrix_x4(bk, frag_addr(sKa + k_frag, PITCH_QK, np * 16, ks * 16));
 #pragma unroll
                 for (int mt = 0; mt < M_TILES; ++mt) {
                     mma_16816(acc_s[mt][2 * np], a[mt], bk[0], bk[1]);
@@ -280,7 +303,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
 #pragma unroll
             for (int np = 0; np < DV / 16; ++np) {
                 unsigned bv[4];
-                ldmatrix_x4_trans(bv, sVa + v_frag + (kk * 16 * PITCH_V + np * 16) * 2);
+                ldmatrix_x4_trans(bv, frag_addr(sVa + v_frag, PITCH_V, kk * 16, np * 16));
 #pragma unroll
                 for (int mt = 0; mt < M_TILES; ++mt) {
                     mma_16816(acc_o[mt][2 * np], pa[mt], bv[0], bv[1]);

@@ -29,6 +29,12 @@ constexpr int DV = 128;
 constexpr int PITCH_QK = 136;             // shared-memory row pitches, elements
 constexpr int PITCH_V = 136;
 constexpr int PITCH_M = 72;               // P^T / dS^T tiles [BLOCK_N][PITCH_M]
+// The main kernel's Q and dO tiles, copied once per query tile: swizzled rows
+// without a pad (the plan's qdo_swizzle; common/tile.cuh, load_tile) where
+// their rows are whole 128-byte lines, else padded as K and V.
+constexpr bool QDO_SW = true;
+constexpr int PITCH_Q = QDO_SW ? DQK : PITCH_QK;
+constexpr int PITCH_DO = QDO_SW ? DV : PITCH_V;
 constexpr int MASK_KIND = 2;
 constexpr bool IS_THD = false;
 constexpr bool SOFTCAP = false;
@@ -641,6 +647,10 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80_dq_convert(const BwdParams p) {
 
 // ---- common/tile.cuh: global -> shared tile copies (cp.async) ---------------------
 
+// The stored chunk index of 16-byte chunk `c` of row `row` in a swizzled tile:
+// the low three bits of the chunk index XOR the row's low three bits.
+__device__ __forceinline__ int sw_chunk(int c, int row) { return c ^ (row & 7); }
+
 // Copy ROWS x DPAD tile rows from global (row pitch `stride` elements) into
 // shared memory (pitch PITCH elements) with cp.async, zero-filling rows >=
 // valid_rows and columns >= d_real; NTHREADS threads share the work.
@@ -649,10 +659,19 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80_dq_convert(const BwdParams p) {
 // and steps it by a constant row count: one 64-bit add, a compare and the
 // copy per chunk (ncu, bwd d128: the general form's per-chunk divisions and
 // 64-bit multiplies were 12% of the main kernel's instructions).
-template <int ROWS, int DPAD, int PITCH, int NTHREADS>
+//
+// SW: the tile is stored swizzled (see `sw_chunk`): rows of exactly PITCH
+// elements, a multiple of 128 bytes, with each 16-byte chunk at chunk index
+// `c ^ (row % 8)`. Every 128-byte line of a global row then lands in one
+// aligned 128-byte line of shared memory (ncu, session 29: the padded rows'
+// copies took 2.3-2.6x the ideal shared-memory wavefronts, the swizzled rows of
+// FlashAttention-2 exactly the ideal), and ldmatrix's eight rows of one chunk
+// column still fall in eight different bank groups.
+template <int ROWS, int DPAD, int PITCH, int NTHREADS, bool SW = false>
 __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, long long stride,
                                           int valid_rows, int d_real, int tid) {
     constexpr int CHUNKS = DPAD / 8;                     // 16-byte chunks per row
+    static_assert(!SW || (PITCH == DPAD && PITCH % 64 == 0), "swizzled tiles: unpadded rows of whole 128-byte lines");
     const unsigned s0 = smem_addr(smem);
     constexpr int TOTAL = ROWS * CHUNKS;
     if constexpr (NTHREADS % CHUNKS == 0) {
@@ -662,12 +681,15 @@ __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, lon
         const int rows_left = valid_rows - r;            // this thread's rows r + i * RPP
         const elem_t* src = gbase + r * stride + c * 8;
         const long long step = RPP * stride;
-        const unsigned dst = s0 + (r * PITCH + c * 8) * 2;
+        const unsigned dst = s0 + (r * PITCH + (SW ? sw_chunk(c, r) : c) * 8) * 2;
 #pragma unroll
         for (int i = 0; i < (ROWS + RPP - 1) / RPP; ++i) {  // compile-time trip count
             if (ROWS % RPP != 0 && r + i * RPP >= ROWS) break;
             const bool ok = col_ok && i * RPP < rows_left;
-            cp_async_16(dst + i * RPP * PITCH * 2, ok ? src : gbase, ok ? 16 : 0);
+            // RPP % 8 == 0 keeps the row's swizzle; other row steps re-swizzle.
+            const unsigned d = SW && RPP % 8 != 0 ? s0 + ((r + i * RPP) * PITCH + sw_chunk(c, r + i * RPP) * 8) * 2
+                                                  : dst + i * RPP * PITCH * 2;
+            cp_async_16(d, ok ? src : gbase, ok ? 16 : 0);
             src += step;
         }
     } else {
@@ -678,7 +700,7 @@ __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, lon
             const int r = idx / CHUNKS, c = idx % CHUNKS;
             const bool ok = r < valid_rows && c * 8 < d_real;
             const elem_t* src = ok ? gbase + r * stride + c * 8 : gbase;
-            cp_async_16(s0 + (r * PITCH + c * 8) * 2, src, ok ? 16 : 0);
+            cp_async_16(s0 + (r * PITCH + (SW ? sw_chunk(c, r) : c) * 8) * 2, src, ok ? 16 : 0);
         }
     }
 }
@@ -697,11 +719,13 @@ __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, lon
 // on the first tile. Needs NTHREADS % (DPAD / 8) == 0 (each thread keeps
 // one column): FITS says whether it does, and load_tile serves the other
 // shapes.
-template <int ROWS, int DPAD, int PITCH, int NTHREADS>
+template <int ROWS, int DPAD, int PITCH, int NTHREADS, bool SW = false>
 struct TileStream {
     static constexpr int CHUNKS = DPAD / 8;              // 16-byte chunks per row
-    static constexpr bool FITS = NTHREADS % CHUNKS == 0;
-    static constexpr int RPP = FITS ? NTHREADS / CHUNKS : 1;   // rows per pass
+    static constexpr int RPP = NTHREADS % CHUNKS == 0 ? NTHREADS / CHUNKS : 1;   // rows per pass
+    // Swizzled (load_tile's SW): a thread's rows keep one swizzle when the
+    // passes step whole 8-row groups.
+    static constexpr bool FITS = NTHREADS % CHUNKS == 0 && (!SW || RPP % 8 == 0);
     static constexpr int PASSES = (ROWS + RPP - 1) / RPP;
     const elem_t* src;                                   // this thread's chunk in the next tile
     long long pass_step;                                 // RPP rows (0 in the pad)
@@ -717,7 +741,7 @@ struct TileStream {
         src = col_ok ? first + row * stride + c * 8 : first;
         pass_step = col_ok ? RPP * stride : 0;
         bytes = col_ok ? 16 : 0;
-        dst = (row * PITCH + c * 8) * 2;
+        dst = (row * PITCH + (SW ? sw_chunk(c, row) : c) * 8) * 2;
     }
 
     // Copy the next tile into the buffer at shared address `s0`, rows at or
@@ -768,7 +792,7 @@ struct TileStream {
 // must read whole lines. So FITS asks for rows of whole lines, 4 chunks or more per
 // thread and row (d256), and threads that cover whole rows; else TileStream
 // serves.
-template <int ROWS, int DPAD, int PITCH, int NTHREADS, int D_REAL>
+template <int ROWS, int DPAD, int PITCH, int NTHREADS, int D_REAL, bool SW = false>
 struct RowStream {
     static constexpr int CHUNKS = DPAD / 8;
     static constexpr int G = 8;                          // threads per row: one 128-byte line each
@@ -776,7 +800,7 @@ struct RowStream {
     static constexpr int SLOTS = NTHREADS / G;           // rows per pass
     static constexpr int RPT = SLOTS > 0 ? ROWS / SLOTS : 0;   // rows per thread
     static constexpr bool FITS = CHUNKS % G == 0 && CPR >= 4 && NTHREADS % G == 0 && SLOTS > 0 &&
-                                 ROWS % SLOTS == 0 && RPT >= 1 && RPT <= 4;
+                                 ROWS % SLOTS == 0 && RPT >= 1 && RPT <= 4 && (!SW || SLOTS % 8 == 0);
     const elem_t* src[RPT > 0 ? RPT : 1];                // this thread's rows in the last tile copied
     long long tile_step;                                 // ROWS rows
     int row;                                             // first row in a tile (then + SLOTS each)
@@ -789,7 +813,8 @@ struct RowStream {
         tile_step = ROWS * stride;
 #pragma unroll
         for (int j = 0; j < RPT; ++j) src[j] = first + (row + j * SLOTS) * stride + col * 8 - tile_step;
-        dst = (row * PITCH + col * 8) * 2;
+        // Swizzled: the thread's chunks col + i * G (G = 8) keep col's low bits.
+        dst = (row * PITCH + (SW ? sw_chunk(col, row) : col) * 8) * 2;
     }
 
     // Chunk i of the row is in the head dim (pad chunks read nothing).
@@ -824,10 +849,10 @@ struct RowStream {
 // The K/V stream of a tile shape: RowStream where it fits, else TileStream.
 template <bool C, typename A, typename B> struct pick_type { using type = A; };
 template <typename A, typename B> struct pick_type<false, A, B> { using type = B; };
-template <int ROWS, int DPAD, int PITCH, int NTHREADS, int D_REAL>
-using KvStream = typename pick_type<RowStream<ROWS, DPAD, PITCH, NTHREADS, D_REAL>::FITS,
-                                    RowStream<ROWS, DPAD, PITCH, NTHREADS, D_REAL>,
-                                    TileStream<ROWS, DPAD, PITCH, NTHREADS>>::type;
+template <int ROWS, int DPAD, int PITCH, int NTHREADS, int D_REAL, bool SW = false>
+using KvStream = typename pick_type<RowStream<ROWS, DPAD, PITCH, NTHREADS, D_REAL, SW>::FITS,
+                                    RowStream<ROWS, DPAD, PITCH, NTHREADS, D_REAL, SW>,
+                                    TileStream<ROWS, DPAD, PITCH, NTHREADS, SW>>::type;
 
 // Tracing (gpu_bench --trace80b): lane 0 of every warp of the main kernel
 // stamps the phases of each query tile.
@@ -926,6 +951,33 @@ __device__ __forceinline__ int b_lane_off(int pitch, int lane) {
     }
 }
 
+// B operands in a swizzled tile (QDO_SW): rows of pitch * 2 bytes, a multiple
+// of 128, chunk c of row r stored at c ^ (r % 8). The lane's row and chunk at
+// (outer, k) = (0, 0), as b_lane_off, with its chunk swizzled by its row (the
+// lane's row % 8 is lane % 8 in both forms, every fragment tile starting at a
+// row that is a multiple of 8).
+template <bool B_T>
+__device__ __forceinline__ int sw_lane_off(int pitch, int lane) {
+    if constexpr (!B_T) {
+        return ((lane & 7) + (lane >> 4) * 8) * pitch * 2 + ((((lane >> 3) & 1) ^ (lane & 7)) << 4);
+    } else {
+        return ((lane & 7) + ((lane >> 3) & 1) * 8) * pitch * 2 + (((lane >> 4) ^ (lane & 7)) << 4);
+    }
+}
+
+// The address of the fragment tile at (outer, k) (constants at every call) from
+// `base` = the tile's address + sw_lane_off + whole rows (stored [col][k]) or
+// whole 64-column lines (stored [k][col]): the tile's 16-column block j within
+// its 128-byte line moves the lane's chunk by 2j, which is an XOR by 2j because
+// the lane's own chunk bit and 2j do not overlap (the tile base must be a
+// multiple of 128 bytes, which the kernel checks).
+template <bool B_T>
+__device__ __forceinline__ unsigned sw_addr(unsigned base, int pitch, int outer, int k) {
+    const int j = B_T ? (outer >> 4) & 3 : (k >> 4) & 3;
+    const int imm = B_T ? k * pitch * 2 + (outer >> 6) * 128 : outer * pitch * 2 + (k >> 6) * 128;
+    return (base ^ (unsigned)(j << 5)) + imm;
+}
+
 template <bool T>
 __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
     if constexpr (T) {
@@ -935,9 +987,13 @@ __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
     }
 }
 
-template <bool B_T>
+template <bool B_T, bool B_SW = false>
 __device__ __forceinline__ void load_b(unsigned (&b)[4], unsigned base, int pitch, int c0, int k0, int lane) {
-    ldsm_x4<B_T>(b, base + b_lane_off<B_T>(pitch, lane) + tile_off<B_T>(pitch, c0, k0));
+    if constexpr (B_SW) {
+        ldsm_x4<B_T>(b, sw_addr<B_T>(base + sw_lane_off<B_T>(pitch, lane), pitch, c0, k0));
+    } else {
+        ldsm_x4<B_T>(b, base + b_lane_off<B_T>(pitch, lane) + tile_off<B_T>(pitch, c0, k0));
+    }
 }
 
 // The products of one A fragment with a pair of B fragments (two n8 tiles,
@@ -960,7 +1016,9 @@ __device__ __forceinline__ void mma_pair(float (&d0)[4], float (&d1)[4], const u
 // clears at 7% of the main kernel's instructions).
 // Accumulator layout: thread (g = lane/4, t = lane%4) holds, of each 16x8 tile,
 // rows g (elements 0, 1) and g + 8 (elements 2, 3), columns 2t and 2t + 1.
-template <int MT, int NT, int KSTEPS, bool A_T, bool B_T, bool FIRST = false>
+// B_SW: B is a swizzled tile (sw_addr); c0 is then a multiple of 8 rows
+// (stored [col][k]) or of 64 columns (stored [k][col]).
+template <int MT, int NT, int KSTEPS, bool A_T, bool B_T, bool FIRST = false, bool B_SW = false>
 __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], unsigned sA, int pitch_a, int r0,
                                           unsigned sB, int pitch_b, int c0, int lane) {
     static_assert(NT % 2 == 0, "B operands are loaded two n8 tiles at a time");
@@ -970,7 +1028,8 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], unsigned sA, 
     int ln = lane;
     asm volatile("" : "+r"(ln));
     const unsigned a0 = sA + a_lane_off<A_T>(pitch_a, ln) + tile_off<A_T>(pitch_a, r0, 0);
-    const unsigned b0 = sB + b_lane_off<B_T>(pitch_b, ln) + tile_off<B_T>(pitch_b, c0, 0);
+    const unsigned b0 =
+        sB + (B_SW ? sw_lane_off<B_T>(pitch_b, ln) : b_lane_off<B_T>(pitch_b, ln)) + tile_off<B_T>(pitch_b, c0, 0);
     // One k-step: MT A fragments, NT / 2 B fragment pairs, MT x NT products.
     auto step = [&](int ks, bool first) {   // `first` is a constant at both calls
         unsigned a[MT][4];
@@ -979,7 +1038,8 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], unsigned sA, 
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
             unsigned b[4];
-            ldsm_x4<B_T>(b, b0 + tile_off<B_T>(pitch_b, np * 16, ks * 16));
+            ldsm_x4<B_T>(b, B_SW ? sw_addr<B_T>(b0, pitch_b, np * 16, ks * 16)
+                                 : b0 + tile_off<B_T>(pitch_b, np * 16, ks * 16));
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) mma_pair(acc[mt][2 * np], acc[mt][2 * np + 1], a[mt], b, first);
         }
@@ -999,13 +1059,13 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], unsigned sA, 
 // One k-step, acc[MT][NT][4] += A x B[k0 .. k0 + 16, 0 .. 8 NT): A in registers
 // (MT fragments), B stored [k][col] (ldmatrix.trans). The S phase's dV/dK
 // products under kv_in_regs.
-template <int MT, int NT>
+template <int MT, int NT, bool B_SW = false>
 __device__ __forceinline__ void kstep_from_regs(float (&acc)[MT][NT][4], const unsigned (&a)[MT][4], unsigned sB,
                                                 int pitch_b, int k0, int lane) {
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
         unsigned b[4];
-        load_b<true>(b, sB, pitch_b, np * 16, k0, lane);
+        load_b<true, B_SW>(b, sB, pitch_b, np * 16, k0, lane);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) mma_pair(acc[mt][2 * np], acc[mt][2 * np + 1], a[mt], b, false);
     }
@@ -1025,23 +1085,28 @@ __device__ __forceinline__ void zero_acc(float (&acc)[MT][NT][4]) {
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 attnforge_bwd_bf16_d128_causal_br_dense_sm80(const BwdParams p) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    extern __shared__ __align__(128) unsigned char smem_raw[];
     elem_t* sK = reinterpret_cast<elem_t*>(smem_raw);    // [BLOCK_N][PITCH_QK]
     elem_t* sV = sK + BLOCK_N * PITCH_QK;                // [BLOCK_N][PITCH_V]
-    elem_t* sQ = sV + BLOCK_N * PITCH_V;                 // [Q_STAGES][BLOCK_M][PITCH_QK]
-    elem_t* sdO = sQ + Q_STAGES * BLOCK_M * PITCH_QK;    // [Q_STAGES][BLOCK_M][PITCH_V]
+    elem_t* sQ = sV + BLOCK_N * PITCH_V;                 // [Q_STAGES][BLOCK_M][PITCH_Q]
+    elem_t* sdO = sQ + Q_STAGES * BLOCK_M * PITCH_Q;     // [Q_STAGES][BLOCK_M][PITCH_DO]
     // P^T and dS^T [BLOCK_N][PITCH_M] each: no P^T tile where dV and dK are
     // accumulated from registers (kv_in_regs), and then no dS^T tile either
     // without a dQ phase (deterministic mode).
     constexpr int P_TILE = BLOCK_N * PITCH_M;
     constexpr int DS_TILE = BLOCK_N * PITCH_M;
-    elem_t* sP = sdO + Q_STAGES * BLOCK_M * PITCH_V;     // P^T
+    elem_t* sP = sdO + Q_STAGES * BLOCK_M * PITCH_DO;    // P^T
     elem_t* sdS = sP + P_TILE;                           // dS^T
     float* sLse = reinterpret_cast<float*>(sdS + DS_TILE);             // [Q_STAGES][BLOCK_M]
     float* sDsum = sLse + Q_STAGES * BLOCK_M;                          // [Q_STAGES][BLOCK_M]
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
+    // Swizzled Q/dO tiles (sw_addr): whole 64-column lines per warp tile of
+    // the dK/dV products, and tile buffers at multiples of 128 bytes.
+    static_assert(!QDO_SW || (DK_COLS % 64 == 0 && DV_COLS % 64 == 0 && (BLOCK_N * (PITCH_QK + PITCH_V) * 2) % 128 == 0),
+                  "qdo_swizzle: 64-column warp tiles, 128-byte aligned Q/dO buffers");
+    if (QDO_SW && (smem_addr(smem_raw) & 127) != 0) __trap();
 #ifdef ATTNFORGE_TRACE
     if (tid == 0) trace_block_start();
     Tracer tr = lane == 0 ? tracer_for(warp) : Tracer{};
@@ -1072,9 +1137,9 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80(const BwdParams p) {
         const int h = hk * p.gqa_ratio + st.qh;
         const int m0 = (m_begin + st.mt) * BLOCK_M;
         const long long row0 = si.q_off + m0;
-        load_tile<BLOCK_M, DQK, PITCH_QK, THREADS>(sQ + buf * BLOCK_M * PITCH_QK,
+        load_tile<BLOCK_M, DQK, PITCH_Q, THREADS, QDO_SW>(sQ + buf * BLOCK_M * PITCH_Q,
             p.q + b * p.q_sb + row0 * p.q_ss + h * p.q_sh, p.q_ss, sq - m0, D_QK, tid);
-        load_tile<BLOCK_M, DV, PITCH_V, THREADS>(sdO + buf * BLOCK_M * PITCH_V,
+        load_tile<BLOCK_M, DV, PITCH_DO, THREADS, QDO_SW>(sdO + buf * BLOCK_M * PITCH_DO,
             p.dout + b * p.do_sb + row0 * p.do_ss + h * p.do_sh, p.do_ss, sq - m0, D_V, tid);
         stage_rows<true>(p, b, h, si.q_off, m0, sq, BLOCK_M, tid, sLse + buf * BLOCK_M, sDsum + buf * BLOCK_M);
     };
@@ -1114,8 +1179,8 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80(const BwdParams p) {
 
         const int h = hk * p.gqa_ratio + cur.qh;
         const int m0 = (m_begin + cur.mt) * BLOCK_M;
-        const unsigned sQa = smem_addr(sQ + buf * BLOCK_M * PITCH_QK);
-        const unsigned sdOa = smem_addr(sdO + buf * BLOCK_M * PITCH_V);
+        const unsigned sQa = smem_addr(sQ + buf * BLOCK_M * PITCH_Q);
+        const unsigned sdOa = smem_addr(sdO + buf * BLOCK_M * PITCH_DO);
         const float* lse2_t = sLse + buf * BLOCK_M;
         const float* dsum_t = sDsum + buf * BLOCK_M;
 
@@ -1130,8 +1195,9 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80(const BwdParams p) {
             for (int cc = 0; cc < NT_ALL / NT; ++cc) {
                 const int c0 = (warp % S_WM) * S_COLS + cc * NT * 8;   // query row within the tile
                 float acc_s[MT][NT][4], acc_dp[MT][NT][4];
-                warp_gemm<MT, NT, DQK / 16, false, false, true>(acc_s, sKa, PITCH_QK, r0, sQa, PITCH_QK, c0, lane);
-                warp_gemm<MT, NT, DV / 16, false, false, true>(acc_dp, sVa, PITCH_V, r0, sdOa, PITCH_V, c0, lane);
+                warp_gemm<MT, NT, DQK / 16, false, false, true, QDO_SW>(acc_s, sKa, PITCH_QK, r0, sQa, PITCH_Q, c0, lane);
+                warp_gemm<MT, NT, DV / 16, false, false, true, QDO_SW>(acc_dp, sVa, PITCH_V, r0, sdOa, PITCH_DO, c0,
+                                                                       lane);
                 // P and dS of the chunk. Tiles away from the sequence ends and
                 // the mask's edge skip the per-score visibility test (a separate,
                 // uniform path: as one path, the compiler predicated every score).
@@ -1183,11 +1249,11 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80(const BwdParams p) {
 
         // ---- KV phase: dV += P^T dO, dK += dS^T Q (accumulators stay in registers).
         if (warp < DV_WN * DV_WD)
-            warp_gemm<DV_ROWS / 16, DV_COLS / 8, BLOCK_M / 16, false, true>(acc_dv, sPa, PITCH_M, dv_r0,
-                                                                           sdOa, PITCH_V, dv_c0, lane);
+            warp_gemm<DV_ROWS / 16, DV_COLS / 8, BLOCK_M / 16, false, true, false, QDO_SW>(acc_dv, sPa, PITCH_M, dv_r0,
+                                                                                          sdOa, PITCH_DO, dv_c0, lane);
         if (warp < DK_WN * DK_WD)
-            warp_gemm<DK_ROWS / 16, DK_COLS / 8, BLOCK_M / 16, false, true>(acc_dk, sdSa, PITCH_M, dk_r0,
-                                                                           sQa, PITCH_QK, dk_c0, lane);
+            warp_gemm<DK_ROWS / 16, DK_COLS / 8, BLOCK_M / 16, false, true, false, QDO_SW>(acc_dk, sdSa, PITCH_M, dk_r0,
+                                                                                          sQa, PITCH_Q, dk_c0, lane);
         TRACE(EV_B_KV);
 
         // ---- dQ phase (fast mode): dq_accum += dS K, f32 reductions in global memory.

@@ -14,8 +14,13 @@ constexpr int D_QK = 192;                     // real head dims
 constexpr int D_V = 128;
 constexpr int DQK = 192;                  // padded to the k-step (16)
 constexpr int DV = 128;
-constexpr int PITCH_QK = 200;             // shared-memory row pitch, elements
-constexpr int PITCH_V = 136;
+// Q, K and V tiles swizzled instead of padded (the plan's smem_swizzle;
+// common/tile.cuh, load_tile's SW): unpadded rows of whole 128-byte lines, so
+// each copy writes whole shared-memory lines. Else padded rows (the plan's row
+// pitches, elements; the plan's shared-memory size keeps them either way).
+constexpr bool SW = false;
+constexpr int PITCH_QK = SW ? DQK : 200;
+constexpr int PITCH_V = SW ? DV : 136;
 constexpr int MASK_KIND = 2;
 constexpr bool IS_THD = false;
 constexpr bool SOFTCAP = false;
@@ -289,6 +294,10 @@ struct FwdParams {
 
 // ---- common/tile.cuh: global -> shared tile copies (cp.async) ---------------------
 
+// The stored chunk index of 16-byte chunk `c` of row `row` in a swizzled tile:
+// the low three bits of the chunk index XOR the row's low three bits.
+__device__ __forceinline__ int sw_chunk(int c, int row) { return c ^ (row & 7); }
+
 // Copy ROWS x DPAD tile rows from global (row pitch `stride` elements) into
 // shared memory (pitch PITCH elements) with cp.async, zero-filling rows >=
 // valid_rows and columns >= d_real; NTHREADS threads share the work.
@@ -297,10 +306,19 @@ struct FwdParams {
 // and steps it by a constant row count: one 64-bit add, a compare and the
 // copy per chunk (ncu, bwd d128: the general form's per-chunk divisions and
 // 64-bit multiplies were 12% of the main kernel's instructions).
-template <int ROWS, int DPAD, int PITCH, int NTHREADS>
+//
+// SW: the tile is stored swizzled (see `sw_chunk`): rows of exactly PITCH
+// elements, a multiple of 128 bytes, with each 16-byte chunk at chunk index
+// `c ^ (row % 8)`. Every 128-byte line of a global row then lands in one
+// aligned 128-byte line of shared memory (ncu, session 29: the padded rows'
+// copies took 2.3-2.6x the ideal shared-memory wavefronts, the swizzled rows of
+// FlashAttention-2 exactly the ideal), and ldmatrix's eight rows of one chunk
+// column still fall in eight different bank groups.
+template <int ROWS, int DPAD, int PITCH, int NTHREADS, bool SW = false>
 __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, long long stride,
                                           int valid_rows, int d_real, int tid) {
     constexpr int CHUNKS = DPAD / 8;                     // 16-byte chunks per row
+    static_assert(!SW || (PITCH == DPAD && PITCH % 64 == 0), "swizzled tiles: unpadded rows of whole 128-byte lines");
     const unsigned s0 = smem_addr(smem);
     constexpr int TOTAL = ROWS * CHUNKS;
     if constexpr (NTHREADS % CHUNKS == 0) {
@@ -310,12 +328,15 @@ __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, lon
         const int rows_left = valid_rows - r;            // this thread's rows r + i * RPP
         const elem_t* src = gbase + r * stride + c * 8;
         const long long step = RPP * stride;
-        const unsigned dst = s0 + (r * PITCH + c * 8) * 2;
+        const unsigned dst = s0 + (r * PITCH + (SW ? sw_chunk(c, r) : c) * 8) * 2;
 #pragma unroll
         for (int i = 0; i < (ROWS + RPP - 1) / RPP; ++i) {  // compile-time trip count
             if (ROWS % RPP != 0 && r + i * RPP >= ROWS) break;
             const bool ok = col_ok && i * RPP < rows_left;
-            cp_async_16(dst + i * RPP * PITCH * 2, ok ? src : gbase, ok ? 16 : 0);
+            // RPP % 8 == 0 keeps the row's swizzle; other row steps re-swizzle.
+            const unsigned d = SW && RPP % 8 != 0 ? s0 + ((r + i * RPP) * PITCH + sw_chunk(c, r + i * RPP) * 8) * 2
+                                                  : dst + i * RPP * PITCH * 2;
+            cp_async_16(d, ok ? src : gbase, ok ? 16 : 0);
             src += step;
         }
     } else {
@@ -326,7 +347,7 @@ __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, lon
             const int r = idx / CHUNKS, c = idx % CHUNKS;
             const bool ok = r < valid_rows && c * 8 < d_real;
             const elem_t* src = ok ? gbase + r * stride + c * 8 : gbase;
-            cp_async_16(s0 + (r * PITCH + c * 8) * 2, src, ok ? 16 : 0);
+            cp_async_16(s0 + (r * PITCH + (SW ? sw_chunk(c, r) : c) * 8) * 2, src, ok ? 16 : 0);
         }
     }
 }
@@ -345,11 +366,13 @@ __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, lon
 // on the first tile. Needs NTHREADS % (DPAD / 8) == 0 (each thread keeps
 // one column): FITS says whether it does, and load_tile serves the other
 // shapes.
-template <int ROWS, int DPAD, int PITCH, int NTHREADS>
+template <int ROWS, int DPAD, int PITCH, int NTHREADS, bool SW = false>
 struct TileStream {
     static constexpr int CHUNKS = DPAD / 8;              // 16-byte chunks per row
-    static constexpr bool FITS = NTHREADS % CHUNKS == 0;
-    static constexpr int RPP = FITS ? NTHREADS / CHUNKS : 1;   // rows per pass
+    static constexpr int RPP = NTHREADS % CHUNKS == 0 ? NTHREADS / CHUNKS : 1;   // rows per pass
+    // Swizzled (load_tile's SW): a thread's rows keep one swizzle when the
+    // passes step whole 8-row groups.
+    static constexpr bool FITS = NTHREADS % CHUNKS == 0 && (!SW || RPP % 8 == 0);
     static constexpr int PASSES = (ROWS + RPP - 1) / RPP;
     const elem_t* src;                                   // this thread's chunk in the next tile
     long long pass_step;                                 // RPP rows (0 in the pad)
@@ -365,7 +388,7 @@ struct TileStream {
         src = col_ok ? first + row * stride + c * 8 : first;
         pass_step = col_ok ? RPP * stride : 0;
         bytes = col_ok ? 16 : 0;
-        dst = (row * PITCH + c * 8) * 2;
+        dst = (row * PITCH + (SW ? sw_chunk(c, row) : c) * 8) * 2;
     }
 
     // Copy the next tile into the buffer at shared address `s0`, rows at or
@@ -416,7 +439,7 @@ struct TileStream {
 // must read whole lines. So FITS asks for rows of whole lines, 4 chunks or more per
 // thread and row (d256), and threads that cover whole rows; else TileStream
 // serves.
-template <int ROWS, int DPAD, int PITCH, int NTHREADS, int D_REAL>
+template <int ROWS, int DPAD, int PITCH, int NTHREADS, int D_REAL, bool SW = false>
 struct RowStream {
     static constexpr int CHUNKS = DPAD / 8;
     static constexpr int G = 8;                          // threads per row: one 128-byte line each
@@ -424,7 +447,7 @@ struct RowStream {
     static constexpr int SLOTS = NTHREADS / G;           // rows per pass
     static constexpr int RPT = SLOTS > 0 ? ROWS / SLOTS : 0;   // rows per thread
     static constexpr bool FITS = CHUNKS % G == 0 && CPR >= 4 && NTHREADS % G == 0 && SLOTS > 0 &&
-                                 ROWS % SLOTS == 0 && RPT >= 1 && RPT <= 4;
+                                 ROWS % SLOTS == 0 && RPT >= 1 && RPT <= 4 && (!SW || SLOTS % 8 == 0);
     const elem_t* src[RPT > 0 ? RPT : 1];                // this thread's rows in the last tile copied
     long long tile_step;                                 // ROWS rows
     int row;                                             // first row in a tile (then + SLOTS each)
@@ -437,7 +460,8 @@ struct RowStream {
         tile_step = ROWS * stride;
 #pragma unroll
         for (int j = 0; j < RPT; ++j) src[j] = first + (row + j * SLOTS) * stride + col * 8 - tile_step;
-        dst = (row * PITCH + col * 8) * 2;
+        // Swizzled: the thread's chunks col + i * G (G = 8) keep col's low bits.
+        dst = (row * PITCH + (SW ? sw_chunk(col, row) : col) * 8) * 2;
     }
 
     // Chunk i of the row is in the head dim (pad chunks read nothing).
@@ -472,10 +496,10 @@ struct RowStream {
 // The K/V stream of a tile shape: RowStream where it fits, else TileStream.
 template <bool C, typename A, typename B> struct pick_type { using type = A; };
 template <typename A, typename B> struct pick_type<false, A, B> { using type = B; };
-template <int ROWS, int DPAD, int PITCH, int NTHREADS, int D_REAL>
-using KvStream = typename pick_type<RowStream<ROWS, DPAD, PITCH, NTHREADS, D_REAL>::FITS,
-                                    RowStream<ROWS, DPAD, PITCH, NTHREADS, D_REAL>,
-                                    TileStream<ROWS, DPAD, PITCH, NTHREADS>>::type;
+template <int ROWS, int DPAD, int PITCH, int NTHREADS, int D_REAL, bool SW = false>
+using KvStream = typename pick_type<RowStream<ROWS, DPAD, PITCH, NTHREADS, D_REAL, SW>::FITS,
+                                    RowStream<ROWS, DPAD, PITCH, NTHREADS, D_REAL, SW>,
+                                    TileStream<ROWS, DPAD, PITCH, NTHREADS, SW>>::type;
 
 // Tracing (gpu_bench --trace80f): lane 0 of every warp stamps each key tile's
 // phases, and thread 0 records the block's SM, start and end.
@@ -561,12 +585,14 @@ __device__ __forceinline__ FwdBlock fwd_block(const FwdParams& p) {
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 attnforge_fwd_bf16_d192v128_causal_br_dense_sm80(const FwdParams p) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    extern __shared__ __align__(128) unsigned char smem_raw[];
     elem_t* sQ = reinterpret_cast<elem_t*>(smem_raw);
     elem_t* sK = sQ + BLOCK_M * PITCH_QK;                // [STAGES][BLOCK_N][PITCH_QK]
     elem_t* sV = sK + STAGES * BLOCK_N * PITCH_QK;       // [STAGES][BLOCK_N][PITCH_V]
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    // The swizzled fragment addresses (frag_addr) XOR bits of the absolute address.
+    if (SW && (smem_addr(smem_raw) & 127) != 0) __trap();
 #ifdef ATTNFORGE_TRACE
     if (tid == 0) trace_block_start();
     Tracer tr = lane == 0 ? tracer_for(warp) : Tracer{};
@@ -609,15 +635,31 @@ attnforge_fwd_bf16_d192v128_causal_br_dense_sm80(const FwdParams p) {
     // (the k-step and tile parts are then immediates): Q's x4 reads rows
     // 0-15 at columns 0/8, K's keys 0-7/8-15 at columns 0/8, V's (transposed)
     // keys 0-15 at columns 0/8.
-    const unsigned q_frag = ((warp_row0 + (lane & 7) + ((lane >> 3) & 1) * 8) * PITCH_QK + (lane >> 4) * 8) * 2;
-    const unsigned k_frag = (((lane & 7) + (lane >> 4) * 8) * PITCH_QK + ((lane >> 3) & 1) * 8) * 2;
-    const unsigned v_frag = (((lane & 7) + ((lane >> 3) & 1) * 8) * PITCH_V + (lane >> 4) * 8) * 2;
+    // Swizzled tiles: the lane's chunk is XORed with its row % 8 (lane % 8).
+    const int q_ch = SW ? (lane >> 4) ^ (lane & 7) : lane >> 4;
+    const int k_ch = SW ? ((lane >> 3) & 1) ^ (lane & 7) : (lane >> 3) & 1;
+    const int v_ch = SW ? (lane >> 4) ^ (lane & 7) : lane >> 4;
+    const unsigned q_frag = ((warp_row0 + (lane & 7) + ((lane >> 3) & 1) * 8) * PITCH_QK + q_ch * 8) * 2;
+    const unsigned k_frag = (((lane & 7) + (lane >> 4) * 8) * PITCH_QK + k_ch * 8) * 2;
+    const unsigned v_frag = (((lane & 7) + ((lane >> 3) & 1) * 8) * PITCH_V + v_ch * 8) * 2;
+    // A fragment tile's address from the lane's (base + *_frag): `rows` whole
+    // rows down and `col` columns across (both multiples of 16). Swizzled, the
+    // column's 16-element block j within its 128-byte line is an XOR by 2j
+    // chunks (the lane's own chunk bit and 2j do not overlap); the tile bases
+    // are multiples of 128 bytes.
+    auto frag_addr = [](unsigned lane_addr, int pitch, int rows, int col) -> unsigned {
+        if constexpr (SW) {
+            return (lane_addr ^ (unsigned)(((col >> 4) & 3) << 5)) + rows * pitch * 2 + (col >> 6) * 128;
+        } else {
+            return lane_addr + (rows * pitch + col) * 2;
+        }
+    };
 
     // K/V tiles: each thread streams its own chunks through the tiles
     // (common/tile.cuh: KvStream picks RowStream at d256, else TileStream
     // where each thread keeps one column), else the general copy.
-    using KStream = KvStream<BLOCK_N, DQK, PITCH_QK, THREADS, D_QK>;
-    using VStream = KvStream<BLOCK_N, DV, PITCH_V, THREADS, D_V>;
+    using KStream = KvStream<BLOCK_N, DQK, PITCH_QK, THREADS, D_QK, SW>;
+    using VStream = KvStream<BLOCK_N, DV, PITCH_V, THREADS, D_V, SW>;
     KStream k_stream(gK + n_begin * p.k_ss, p.k_ss, D_QK, tid);
     VStream v_stream(gV + n_begin * p.v_ss, p.v_ss, D_V, tid);
     // Shared-memory byte addresses of the buffers, formed once (a generic
@@ -628,18 +670,18 @@ attnforge_fwd_bf16_d192v128_causal_br_dense_sm80(const FwdParams p) {
         if constexpr (KStream::FITS) {
             k_stream.copy(sKa0 + buf * K_BUF, sk - n, gK);
         } else {
-            load_tile<BLOCK_N, DQK, PITCH_QK, THREADS>(sK + buf * BLOCK_N * PITCH_QK, gK + n * p.k_ss, p.k_ss, sk - n, D_QK, tid);
+            load_tile<BLOCK_N, DQK, PITCH_QK, THREADS, SW>(sK + buf * BLOCK_N * PITCH_QK, gK + n * p.k_ss, p.k_ss, sk - n, D_QK, tid);
         }
     };
     auto load_v = [&](int n, int buf) {
         if constexpr (VStream::FITS) {
             v_stream.copy(sVa0 + buf * V_BUF, sk - n, gV);
         } else {
-            load_tile<BLOCK_N, DV, PITCH_V, THREADS>(sV + buf * BLOCK_N * PITCH_V, gV + n * p.v_ss, p.v_ss, sk - n, D_V, tid);
+            load_tile<BLOCK_N, DV, PITCH_V, THREADS, SW>(sV + buf * BLOCK_N * PITCH_V, gV + n * p.v_ss, p.v_ss, sk - n, D_V, tid);
         }
     };
     if (n_tiles > 0) {
-        load_tile<BLOCK_M, DQK, PITCH_QK, THREADS>(sQ, gQ, p.q_ss, sq - m0, D_QK, tid);
+        load_tile<BLOCK_M, DQK, PITCH_QK, THREADS, SW>(sQ, gQ, p.q_ss, sq - m0, D_QK, tid);
         load_k(n_begin, 0);
         if constexpr (STAGES == 2) load_v(n_begin, 0);
         cp_async_commit();
@@ -684,11 +726,11 @@ attnforge_fwd_bf16_d192v128_causal_br_dense_sm80(const FwdParams p) {
             unsigned a[M_TILES][4];
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt)
-                ldmatrix_x4(a[mt], sQa + q_frag + (mt * 16 * PITCH_QK + ks * 16) * 2);
+                ldmatrix_x4(a[mt], frag_addr(sQa + q_frag, PITCH_QK, mt * 16, ks * 16));
 #pragma unroll
             for (int np = 0; np < BLOCK_N / 16; ++np) {
                 unsigned bk[4];
-                ldmatrix_x4(bk, sKa + k_frag + (np * 16 * PITCH_QK + ks * 16) * 2);
+                ldmatrix_x4(bk, frag_addr(sKa + k_frag, PITCH_QK, np * 16, ks * 16));
 #pragma unroll
                 for (int mt = 0; mt < M_TILES; ++mt) {
                     mma_16816(acc_s[mt][2 * np], a[mt], bk[0], bk[1]);
@@ -749,7 +791,7 @@ attnforge_fwd_bf16_d192v128_causal_br_dense_sm80(const FwdParams p) {
 #pragma unroll
             for (int np = 0; np < DV / 16; ++np) {
                 unsigned bv[4];
-                ldmatrix_x4_trans(bv, sVa + v_frag + (kk * 16 * PITCH_V + np * 16) * 2);
+                ldmatrix_x4_trans(bv, frag_addr(sVa + v_frag, PITCH_V, kk * 16, np * 16));
 #pragma unroll
                 for (int mt = 0; mt < M_TILES; ++mt) {
                     mma_16816(acc_o[mt][2 * np], pa[mt], bv[0], bv[1]);

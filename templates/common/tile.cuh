@@ -1,5 +1,9 @@
 // ---- common/tile.cuh: global -> shared tile copies (cp.async) ---------------------
 
+// The stored chunk index of 16-byte chunk `c` of row `row` in a swizzled tile:
+// the low three bits of the chunk index XOR the row's low three bits.
+__device__ __forceinline__ int sw_chunk(int c, int row) { return c ^ (row & 7); }
+
 // Copy ROWS x DPAD tile rows from global (row pitch `stride` elements) into
 // shared memory (pitch PITCH elements) with cp.async, zero-filling rows >=
 // valid_rows and columns >= d_real; NTHREADS threads share the work.
@@ -8,10 +12,19 @@
 // and steps it by a constant row count: one 64-bit add, a compare and the
 // copy per chunk (ncu, bwd d128: the general form's per-chunk divisions and
 // 64-bit multiplies were 12% of the main kernel's instructions).
-template <int ROWS, int DPAD, int PITCH, int NTHREADS>
+//
+// SW: the tile is stored swizzled (see `sw_chunk`): rows of exactly PITCH
+// elements, a multiple of 128 bytes, with each 16-byte chunk at chunk index
+// `c ^ (row % 8)`. Every 128-byte line of a global row then lands in one
+// aligned 128-byte line of shared memory (ncu, session 29: the padded rows'
+// copies took 2.3-2.6x the ideal shared-memory wavefronts, the swizzled rows of
+// FlashAttention-2 exactly the ideal), and ldmatrix's eight rows of one chunk
+// column still fall in eight different bank groups.
+template <int ROWS, int DPAD, int PITCH, int NTHREADS, bool SW = false>
 __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, long long stride,
                                           int valid_rows, int d_real, int tid) {
     constexpr int CHUNKS = DPAD / 8;                     // 16-byte chunks per row
+    static_assert(!SW || (PITCH == DPAD && PITCH % 64 == 0), "swizzled tiles: unpadded rows of whole 128-byte lines");
     const unsigned s0 = smem_addr(smem);
     constexpr int TOTAL = ROWS * CHUNKS;
     if constexpr (NTHREADS % CHUNKS == 0) {
@@ -21,12 +34,15 @@ __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, lon
         const int rows_left = valid_rows - r;            // this thread's rows r + i * RPP
         const elem_t* src = gbase + r * stride + c * 8;
         const long long step = RPP * stride;
-        const unsigned dst = s0 + (r * PITCH + c * 8) * 2;
+        const unsigned dst = s0 + (r * PITCH + (SW ? sw_chunk(c, r) : c) * 8) * 2;
 #pragma unroll
         for (int i = 0; i < (ROWS + RPP - 1) / RPP; ++i) {  // compile-time trip count
             if (ROWS % RPP != 0 && r + i * RPP >= ROWS) break;
             const bool ok = col_ok && i * RPP < rows_left;
-            cp_async_16(dst + i * RPP * PITCH * 2, ok ? src : gbase, ok ? 16 : 0);
+            // RPP % 8 == 0 keeps the row's swizzle; other row steps re-swizzle.
+            const unsigned d = SW && RPP % 8 != 0 ? s0 + ((r + i * RPP) * PITCH + sw_chunk(c, r + i * RPP) * 8) * 2
+                                                  : dst + i * RPP * PITCH * 2;
+            cp_async_16(d, ok ? src : gbase, ok ? 16 : 0);
             src += step;
         }
     } else {
@@ -37,7 +53,7 @@ __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, lon
             const int r = idx / CHUNKS, c = idx % CHUNKS;
             const bool ok = r < valid_rows && c * 8 < d_real;
             const elem_t* src = ok ? gbase + r * stride + c * 8 : gbase;
-            cp_async_16(s0 + (r * PITCH + c * 8) * 2, src, ok ? 16 : 0);
+            cp_async_16(s0 + (r * PITCH + (SW ? sw_chunk(c, r) : c) * 8) * 2, src, ok ? 16 : 0);
         }
     }
 }
@@ -56,11 +72,13 @@ __device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* gbase, lon
 // on the first tile. Needs NTHREADS % (DPAD / 8) == 0 (each thread keeps
 // one column): FITS says whether it does, and load_tile serves the other
 // shapes.
-template <int ROWS, int DPAD, int PITCH, int NTHREADS>
+template <int ROWS, int DPAD, int PITCH, int NTHREADS, bool SW = false>
 struct TileStream {
     static constexpr int CHUNKS = DPAD / 8;              // 16-byte chunks per row
-    static constexpr bool FITS = NTHREADS % CHUNKS == 0;
-    static constexpr int RPP = FITS ? NTHREADS / CHUNKS : 1;   // rows per pass
+    static constexpr int RPP = NTHREADS % CHUNKS == 0 ? NTHREADS / CHUNKS : 1;   // rows per pass
+    // Swizzled (load_tile's SW): a thread's rows keep one swizzle when the
+    // passes step whole 8-row groups.
+    static constexpr bool FITS = NTHREADS % CHUNKS == 0 && (!SW || RPP % 8 == 0);
     static constexpr int PASSES = (ROWS + RPP - 1) / RPP;
     const elem_t* src;                                   // this thread's chunk in the next tile
     long long pass_step;                                 // RPP rows (0 in the pad)
@@ -76,7 +94,7 @@ struct TileStream {
         src = col_ok ? first + row * stride + c * 8 : first;
         pass_step = col_ok ? RPP * stride : 0;
         bytes = col_ok ? 16 : 0;
-        dst = (row * PITCH + c * 8) * 2;
+        dst = (row * PITCH + (SW ? sw_chunk(c, row) : c) * 8) * 2;
     }
 
     // Copy the next tile into the buffer at shared address `s0`, rows at or
@@ -127,7 +145,7 @@ struct TileStream {
 // must read whole lines. So FITS asks for rows of whole lines, 4 chunks or more per
 // thread and row (d256), and threads that cover whole rows; else TileStream
 // serves.
-template <int ROWS, int DPAD, int PITCH, int NTHREADS, int D_REAL>
+template <int ROWS, int DPAD, int PITCH, int NTHREADS, int D_REAL, bool SW = false>
 struct RowStream {
     static constexpr int CHUNKS = DPAD / 8;
     static constexpr int G = 8;                          // threads per row: one 128-byte line each
@@ -135,7 +153,7 @@ struct RowStream {
     static constexpr int SLOTS = NTHREADS / G;           // rows per pass
     static constexpr int RPT = SLOTS > 0 ? ROWS / SLOTS : 0;   // rows per thread
     static constexpr bool FITS = CHUNKS % G == 0 && CPR >= 4 && NTHREADS % G == 0 && SLOTS > 0 &&
-                                 ROWS % SLOTS == 0 && RPT >= 1 && RPT <= 4;
+                                 ROWS % SLOTS == 0 && RPT >= 1 && RPT <= 4 && (!SW || SLOTS % 8 == 0);
     const elem_t* src[RPT > 0 ? RPT : 1];                // this thread's rows in the last tile copied
     long long tile_step;                                 // ROWS rows
     int row;                                             // first row in a tile (then + SLOTS each)
@@ -148,7 +166,8 @@ struct RowStream {
         tile_step = ROWS * stride;
 #pragma unroll
         for (int j = 0; j < RPT; ++j) src[j] = first + (row + j * SLOTS) * stride + col * 8 - tile_step;
-        dst = (row * PITCH + col * 8) * 2;
+        // Swizzled: the thread's chunks col + i * G (G = 8) keep col's low bits.
+        dst = (row * PITCH + (SW ? sw_chunk(col, row) : col) * 8) * 2;
     }
 
     // Chunk i of the row is in the head dim (pad chunks read nothing).
@@ -183,7 +202,7 @@ struct RowStream {
 // The K/V stream of a tile shape: RowStream where it fits, else TileStream.
 template <bool C, typename A, typename B> struct pick_type { using type = A; };
 template <typename A, typename B> struct pick_type<false, A, B> { using type = B; };
-template <int ROWS, int DPAD, int PITCH, int NTHREADS, int D_REAL>
-using KvStream = typename pick_type<RowStream<ROWS, DPAD, PITCH, NTHREADS, D_REAL>::FITS,
-                                    RowStream<ROWS, DPAD, PITCH, NTHREADS, D_REAL>,
-                                    TileStream<ROWS, DPAD, PITCH, NTHREADS>>::type;
+template <int ROWS, int DPAD, int PITCH, int NTHREADS, int D_REAL, bool SW = false>
+using KvStream = typename pick_type<RowStream<ROWS, DPAD, PITCH, NTHREADS, D_REAL, SW>::FITS,
+                                    RowStream<ROWS, DPAD, PITCH, NTHREADS, D_REAL, SW>,
+                                    TileStream<ROWS, DPAD, PITCH, NTHREADS, SW>>::type;
