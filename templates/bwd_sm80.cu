@@ -149,15 +149,11 @@ __device__ __forceinline__ int sw_lane_off(int pitch, int lane) {
 
 // The address of the fragment tile at (outer, k) (constants at every call) from
 // `base` = the tile's address + sw_lane_off + whole rows (stored [col][k]) or
-// whole 64-column lines (stored [k][col]): the tile's 16-column block j within
-// its 128-byte line moves the lane's chunk by 2j, which is an XOR by 2j because
-// the lane's own chunk bit and 2j do not overlap (the tile base must be a
-// multiple of 128 bytes, which the kernel checks).
+// whole 64-column lines (stored [k][col]); common/tile.cuh's sw_frag_addr (the
+// kernel checks that the tile bases are multiples of 128 bytes).
 template <bool B_T>
 __device__ __forceinline__ unsigned sw_addr(unsigned base, int pitch, int outer, int k) {
-    const int j = B_T ? (outer >> 4) & 3 : (k >> 4) & 3;
-    const int imm = B_T ? k * pitch * 2 + (outer >> 6) * 128 : outer * pitch * 2 + (k >> 6) * 128;
-    return (base ^ (unsigned)(j << 5)) + imm;
+    return B_T ? sw_frag_addr(base, pitch, k, outer) : sw_frag_addr(base, pitch, outer, k);
 }
 
 template <bool T>

@@ -147,13 +147,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
     const unsigned k_frag = (((lane & 7) + (lane >> 4) * 8) * PITCH_QK + k_ch * 8) * 2;
     const unsigned v_frag = (((lane & 7) + ((lane >> 3) & 1) * 8) * PITCH_V + v_ch * 8) * 2;
     // A fragment tile's address from the lane's (base + *_frag): `rows` whole
-    // rows down and `col` columns across (both multiples of 16). Swizzled, the
-    // column's 16-element block j within its 128-byte line is an XOR by 2j
-    // chunks (the lane's own chunk bit and 2j do not overlap); the tile bases
-    // are multiples of 128 bytes.
+    // rows down and `col` columns across (both multiples of 16); swizzled, by
+    // common/tile.cuh's sw_frag_addr (the tile bases are multiples of 128 bytes).
     auto frag_addr = [](unsigned lane_addr, int pitch, int rows, int col) -> unsigned {
         if constexpr (SW) {
-            return (lane_addr ^ (unsigned)(((col >> 4) & 3) << 5)) + rows * pitch * 2 + (col >> 6) * 128;
+            return sw_frag_addr(lane_addr, pitch, rows, col);
         } else {
             return lane_addr + (rows * pitch + col) * 2;
         }

@@ -651,6 +651,16 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80_dq_convert(const BwdParams p) {
 // the low three bits of the chunk index XOR the row's low three bits.
 __device__ __forceinline__ int sw_chunk(int c, int row) { return c ^ (row & 7); }
 
+// The ldmatrix address of the fragment tile `rows` rows down and `col` columns
+// across (multiples of 16) in a swizzled tile, from a lane's address (the
+// tile's base, the lane's row and its swizzled chunk): the column's 16-element
+// block j within its 128-byte line moves the lane's chunk by 2j, which is an
+// XOR by 2j because the lane's own chunk bit and 2j do not overlap. The XOR
+// acts on the absolute address, so the tile's base is a multiple of 128 bytes.
+__device__ __forceinline__ unsigned sw_frag_addr(unsigned lane_addr, int pitch, int rows, int col) {
+    return (lane_addr ^ (unsigned)(((col >> 4) & 3) << 5)) + rows * pitch * 2 + (col >> 6) * 128;
+}
+
 // Copy ROWS x DPAD tile rows from global (row pitch `stride` elements) into
 // shared memory (pitch PITCH elements) with cp.async, zero-filling rows >=
 // valid_rows and columns >= d_real; NTHREADS threads share the work.
@@ -967,15 +977,11 @@ __device__ __forceinline__ int sw_lane_off(int pitch, int lane) {
 
 // The address of the fragment tile at (outer, k) (constants at every call) from
 // `base` = the tile's address + sw_lane_off + whole rows (stored [col][k]) or
-// whole 64-column lines (stored [k][col]): the tile's 16-column block j within
-// its 128-byte line moves the lane's chunk by 2j, which is an XOR by 2j because
-// the lane's own chunk bit and 2j do not overlap (the tile base must be a
-// multiple of 128 bytes, which the kernel checks).
+// whole 64-column lines (stored [k][col]); common/tile.cuh's sw_frag_addr (the
+// kernel checks that the tile bases are multiples of 128 bytes).
 template <bool B_T>
 __device__ __forceinline__ unsigned sw_addr(unsigned base, int pitch, int outer, int k) {
-    const int j = B_T ? (outer >> 4) & 3 : (k >> 4) & 3;
-    const int imm = B_T ? k * pitch * 2 + (outer >> 6) * 128 : outer * pitch * 2 + (k >> 6) * 128;
-    return (base ^ (unsigned)(j << 5)) + imm;
+    return B_T ? sw_frag_addr(base, pitch, k, outer) : sw_frag_addr(base, pitch, outer, k);
 }
 
 template <bool T>

@@ -298,6 +298,16 @@ struct FwdParams {
 // the low three bits of the chunk index XOR the row's low three bits.
 __device__ __forceinline__ int sw_chunk(int c, int row) { return c ^ (row & 7); }
 
+// The ldmatrix address of the fragment tile `rows` rows down and `col` columns
+// across (multiples of 16) in a swizzled tile, from a lane's address (the
+// tile's base, the lane's row and its swizzled chunk): the column's 16-element
+// block j within its 128-byte line moves the lane's chunk by 2j, which is an
+// XOR by 2j because the lane's own chunk bit and 2j do not overlap. The XOR
+// acts on the absolute address, so the tile's base is a multiple of 128 bytes.
+__device__ __forceinline__ unsigned sw_frag_addr(unsigned lane_addr, int pitch, int rows, int col) {
+    return (lane_addr ^ (unsigned)(((col >> 4) & 3) << 5)) + rows * pitch * 2 + (col >> 6) * 128;
+}
+
 // Copy ROWS x DPAD tile rows from global (row pitch `stride` elements) into
 // shared memory (pitch PITCH elements) with cp.async, zero-filling rows >=
 // valid_rows and columns >= d_real; NTHREADS threads share the work.
@@ -643,13 +653,11 @@ attnforge_fwd_f16_d128_window_dense_softcap_sm80(const FwdParams p) {
     const unsigned k_frag = (((lane & 7) + (lane >> 4) * 8) * PITCH_QK + k_ch * 8) * 2;
     const unsigned v_frag = (((lane & 7) + ((lane >> 3) & 1) * 8) * PITCH_V + v_ch * 8) * 2;
     // A fragment tile's address from the lane's (base + *_frag): `rows` whole
-    // rows down and `col` columns across (both multiples of 16). Swizzled, the
-    // column's 16-element block j within its 128-byte line is an XOR by 2j
-    // chunks (the lane's own chunk bit and 2j do not overlap); the tile bases
-    // are multiples of 128 bytes.
+    // rows down and `col` columns across (both multiples of 16); swizzled, by
+    // common/tile.cuh's sw_frag_addr (the tile bases are multiples of 128 bytes).
     auto frag_addr = [](unsigned lane_addr, int pitch, int rows, int col) -> unsigned {
         if constexpr (SW) {
-            return (lane_addr ^ (unsigned)(((col >> 4) & 3) << 5)) + rows * pitch * 2 + (col >> 6) * 128;
+            return sw_frag_addr(lane_addr, pitch, rows, col);
         } else {
             return lane_addr + (rows * pitch + col) * 2;
         }

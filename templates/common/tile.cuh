@@ -4,6 +4,16 @@
 // the low three bits of the chunk index XOR the row's low three bits.
 __device__ __forceinline__ int sw_chunk(int c, int row) { return c ^ (row & 7); }
 
+// The ldmatrix address of the fragment tile `rows` rows down and `col` columns
+// across (multiples of 16) in a swizzled tile, from a lane's address (the
+// tile's base, the lane's row and its swizzled chunk): the column's 16-element
+// block j within its 128-byte line moves the lane's chunk by 2j, which is an
+// XOR by 2j because the lane's own chunk bit and 2j do not overlap. The XOR
+// acts on the absolute address, so the tile's base is a multiple of 128 bytes.
+__device__ __forceinline__ unsigned sw_frag_addr(unsigned lane_addr, int pitch, int rows, int col) {
+    return (lane_addr ^ (unsigned)(((col >> 4) & 3) << 5)) + rows * pitch * 2 + (col >> 6) * 128;
+}
+
 // Copy ROWS x DPAD tile rows from global (row pitch `stride` elements) into
 // shared memory (pitch PITCH elements) with cp.async, zero-filling rows >=
 // valid_rows and columns >= d_real; NTHREADS threads share the work.
