@@ -962,17 +962,15 @@ __device__ __forceinline__ int b_lane_off(int pitch, int lane) {
 }
 
 // B operands in a swizzled tile (QDO_SW): rows of pitch * 2 bytes, a multiple
-// of 128, chunk c of row r stored at c ^ (r % 8). The lane's row and chunk at
-// (outer, k) = (0, 0), as b_lane_off, with its chunk swizzled by its row (the
-// lane's row % 8 is lane % 8 in both forms, every fragment tile starting at a
-// row that is a multiple of 8).
+// of 128, chunk c of row r stored at sw_chunk(c, r) (common/tile.cuh). The
+// lane's row and chunk at (outer, k) = (0, 0), as b_lane_off, with its chunk
+// swizzled by its row (the lane's row % 8 is lane % 8 in both forms, every
+// fragment tile starting at a row that is a multiple of 8).
 template <bool B_T>
 __device__ __forceinline__ int sw_lane_off(int pitch, int lane) {
-    if constexpr (!B_T) {
-        return ((lane & 7) + (lane >> 4) * 8) * pitch * 2 + ((((lane >> 3) & 1) ^ (lane & 7)) << 4);
-    } else {
-        return ((lane & 7) + ((lane >> 3) & 1) * 8) * pitch * 2 + (((lane >> 4) ^ (lane & 7)) << 4);
-    }
+    const int row = B_T ? (lane & 7) + ((lane >> 3) & 1) * 8 : (lane & 7) + (lane >> 4) * 8;
+    const int chunk = B_T ? lane >> 4 : (lane >> 3) & 1;
+    return row * pitch * 2 + (sw_chunk(chunk, lane) << 4);    // row % 8 == lane % 8
 }
 
 // The address of the fragment tile at (outer, k) (constants at every call) from

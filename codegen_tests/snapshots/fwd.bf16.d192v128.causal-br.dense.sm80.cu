@@ -645,10 +645,10 @@ attnforge_fwd_bf16_d192v128_causal_br_dense_sm80(const FwdParams p) {
     // (the k-step and tile parts are then immediates): Q's x4 reads rows
     // 0-15 at columns 0/8, K's keys 0-7/8-15 at columns 0/8, V's (transposed)
     // keys 0-15 at columns 0/8.
-    // Swizzled tiles: the lane's chunk is XORed with its row % 8 (lane % 8).
-    const int q_ch = SW ? (lane >> 4) ^ (lane & 7) : lane >> 4;
-    const int k_ch = SW ? ((lane >> 3) & 1) ^ (lane & 7) : (lane >> 3) & 1;
-    const int v_ch = SW ? (lane >> 4) ^ (lane & 7) : lane >> 4;
+    // Swizzled tiles: the lane's chunk is swizzled by its row (row % 8 = lane % 8).
+    const int q_ch = SW ? sw_chunk(lane >> 4, lane) : lane >> 4;
+    const int k_ch = SW ? sw_chunk((lane >> 3) & 1, lane) : (lane >> 3) & 1;
+    const int v_ch = SW ? sw_chunk(lane >> 4, lane) : lane >> 4;
     const unsigned q_frag = ((warp_row0 + (lane & 7) + ((lane >> 3) & 1) * 8) * PITCH_QK + q_ch * 8) * 2;
     const unsigned k_frag = (((lane & 7) + (lane >> 4) * 8) * PITCH_QK + k_ch * 8) * 2;
     const unsigned v_frag = (((lane & 7) + ((lane >> 3) & 1) * 8) * PITCH_V + v_ch * 8) * 2;
