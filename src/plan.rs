@@ -506,16 +506,23 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
     }
 }
 
-/// Whether the sm80-path forward stores Q, K and V swizzled
-/// ([`KernelPlan::smem_swizzle`]). Measured (session 29, one process on an
-/// H100): +3..+10% at d64 and d256. Where it spills it is not planned: d128
-/// (4–20 B: the key loop is at 255 registers), d192 under masks (16–32 B),
-/// and d256 ragged batches under masks on sm_90a (4 B); the compile sweep
-/// checks the rest.
+/// Whether the sm80-path forward stores its tiles swizzled
+/// ([`KernelPlan::smem_swizzle`]): Q, K and V at d64 and d256; K alone at d128,
+/// where the key loop runs at 254-255 registers (the template's `SW_Q`/`SW_V`).
+/// Measured at d64/d256 (session 29, one process on an H100): +3..+10%.
+/// Not planned where it spills: d192 under masks (16-32 B), d256 ragged batches
+/// under a mask on sm_90a (8 B), and d128 under a sliding window or, on the
+/// sm80-family archs, under a causal mask (4-16 B); the compile sweep checks
+/// the rest.
 pub fn fwd_swizzle(spec: &AttnSpec, dqk: u32, dv: u32) -> bool {
     match (dqk, dv) {
         (64, 64) => true,
         (256, 256) => !(spec.layout == Layout::Thd && spec.mask != Mask::None && spec.arch == Arch::Sm90a),
+        (128, 128) => match spec.mask {
+            Mask::None => true,
+            Mask::CausalTopLeft | Mask::CausalBottomRight => spec.arch == Arch::Sm90a,
+            _ => false,
+        },
         _ => false,
     }
 }
@@ -1177,7 +1184,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fwd_swizzle_at_d64_and_d256_where_spill_free() {
+    fn fwd_swizzle_where_spill_free() {
         let sw = |s: &str| plan(&s.parse().unwrap()).unwrap().smem_swizzle;
         for s in [
             "fwd.bf16.d64.none.dense.sm80",
@@ -1185,22 +1192,29 @@ mod tests {
             "fwd.bf16.d256.causal-tl.dense.sm80",
             "fwd.bf16.d256.causal-br.thd.sm80",
             "fwd.bf16.d256.none.thd.sm80",
+            "fwd.bf16.d128.none.dense.sm80",
         ] {
             assert!(sw(s), "{s}");
         }
         for s in [
-            "fwd.bf16.d128.none.dense.sm80",
+            "fwd.bf16.d128.causal-tl.dense.sm80",
+            "fwd.bf16.d128.window.dense.sm90a",
             "fwd.bf16.d96.none.dense.sm80",
             "fwd.bf16.d192.causal-br.dense.sm80",
             "fwd.bf16.d192v128.none.dense.sm80",
         ] {
             assert!(!sw(s), "{s}");
         }
-        // The sm80 path of sm90a specs: d256 ragged batches under a mask spill 4 B with it.
+        // The sm80 path of the benchmarked sm90a specs.
         let sm80 = |s: &str| plan_sm80_path(&s.parse().unwrap()).unwrap().smem_swizzle;
-        assert!(sm80("fwd.bf16.d256.none.dense.sm90a"));
-        assert!(sm80("fwd.bf16.d256.none.thd.sm90a"));
-        assert!(sm80("fwd.bf16.d64.causal-tl.dense.sm90a"));
+        for s in [
+            "fwd.bf16.d256.none.dense.sm90a",
+            "fwd.bf16.d64.causal-tl.dense.sm90a",
+            "fwd.bf16.d128.none.dense.sm90a",
+            "fwd.bf16.d128.causal-tl.dense.sm90a",
+        ] {
+            assert!(sm80(s), "{s}");
+        }
         assert!(!sm80("fwd.bf16.d256.causal-br.thd.sm90a"));
         // The padded figures stay the plan's (the tile choices do not move).
         let p = plan(&"fwd.bf16.d256.none.dense.sm80".parse().unwrap()).unwrap();

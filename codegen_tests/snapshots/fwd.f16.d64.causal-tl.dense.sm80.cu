@@ -19,8 +19,14 @@ constexpr int DV = 64;
 // each copy writes whole shared-memory lines. Else padded rows (the plan's row
 // pitches, elements; the plan's shared-memory size keeps them either way).
 constexpr bool SW = true;
-constexpr int PITCH_QK = SW ? DQK : 72;
-constexpr int PITCH_V = SW ? DV : 72;
+// At d128 the key loop runs at 254-255 registers, and V's swizzled reads (four
+// XORed addresses across the P V product's column blocks) spill 8-20 B; there
+// only K, copied every key tile, is swizzled, and Q (copied once per block)
+// and V keep their padded rows.
+constexpr bool SW_Q = SW && DQK != 128, SW_V = SW && DV != 128;
+constexpr int PITCH_QK = SW ? DQK : 72;     // K
+constexpr int PITCH_Q = SW_Q ? DQK : 72;
+constexpr int PITCH_V = SW_V ? DV : 72;
 constexpr int MASK_KIND = 1;
 constexpr bool IS_THD = false;
 constexpr bool SOFTCAP = false;
@@ -593,11 +599,24 @@ __device__ __forceinline__ FwdBlock fwd_block(const FwdParams& p) {
     return f;
 }
 
+// A fragment tile's address from the lane's address (its tile's base plus
+// its row and chunk): `rows` whole rows down and `col` columns across (both
+// multiples of 16); in a swizzled tile (S) by common/tile.cuh's sw_frag_addr
+// (the tile bases are multiples of 128 bytes).
+template <bool S>
+__device__ __forceinline__ unsigned frag_addr(unsigned lane_addr, int pitch, int rows, int col) {
+    if constexpr (S) {
+        return sw_frag_addr(lane_addr, pitch, rows, col);
+    } else {
+        return lane_addr + (rows * pitch + col) * 2;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
 attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     elem_t* sQ = reinterpret_cast<elem_t*>(smem_raw);
-    elem_t* sK = sQ + BLOCK_M * PITCH_QK;                // [STAGES][BLOCK_N][PITCH_QK]
+    elem_t* sK = sQ + BLOCK_M * PITCH_Q;                 // [STAGES][BLOCK_N][PITCH_QK]
     elem_t* sV = sK + STAGES * BLOCK_N * PITCH_QK;       // [STAGES][BLOCK_N][PITCH_V]
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -646,28 +665,18 @@ attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
     // 0-15 at columns 0/8, K's keys 0-7/8-15 at columns 0/8, V's (transposed)
     // keys 0-15 at columns 0/8.
     // Swizzled tiles: the lane's chunk is swizzled by its row (row % 8 = lane % 8).
-    const int q_ch = SW ? sw_chunk(lane >> 4, lane) : lane >> 4;
+    const int q_ch = SW_Q ? sw_chunk(lane >> 4, lane) : lane >> 4;
     const int k_ch = SW ? sw_chunk((lane >> 3) & 1, lane) : (lane >> 3) & 1;
-    const int v_ch = SW ? sw_chunk(lane >> 4, lane) : lane >> 4;
-    const unsigned q_frag = ((warp_row0 + (lane & 7) + ((lane >> 3) & 1) * 8) * PITCH_QK + q_ch * 8) * 2;
+    const int v_ch = SW_V ? sw_chunk(lane >> 4, lane) : lane >> 4;
+    const unsigned q_frag = ((warp_row0 + (lane & 7) + ((lane >> 3) & 1) * 8) * PITCH_Q + q_ch * 8) * 2;
     const unsigned k_frag = (((lane & 7) + (lane >> 4) * 8) * PITCH_QK + k_ch * 8) * 2;
     const unsigned v_frag = (((lane & 7) + ((lane >> 3) & 1) * 8) * PITCH_V + v_ch * 8) * 2;
-    // A fragment tile's address from the lane's (base + *_frag): `rows` whole
-    // rows down and `col` columns across (both multiples of 16); swizzled, by
-    // common/tile.cuh's sw_frag_addr (the tile bases are multiples of 128 bytes).
-    auto frag_addr = [](unsigned lane_addr, int pitch, int rows, int col) -> unsigned {
-        if constexpr (SW) {
-            return sw_frag_addr(lane_addr, pitch, rows, col);
-        } else {
-            return lane_addr + (rows * pitch + col) * 2;
-        }
-    };
 
     // K/V tiles: each thread streams its own chunks through the tiles
     // (common/tile.cuh: KvStream picks RowStream at d256, else TileStream
     // where each thread keeps one column), else the general copy.
     using KStream = KvStream<BLOCK_N, DQK, PITCH_QK, THREADS, D_QK, SW>;
-    using VStream = KvStream<BLOCK_N, DV, PITCH_V, THREADS, D_V, SW>;
+    using VStream = KvStream<BLOCK_N, DV, PITCH_V, THREADS, D_V, SW_V>;
     KStream k_stream(gK + n_begin * p.k_ss, p.k_ss, D_QK, tid);
     VStream v_stream(gV + n_begin * p.v_ss, p.v_ss, D_V, tid);
     // Shared-memory byte addresses of the buffers, formed once (a generic
@@ -685,11 +694,11 @@ attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
         if constexpr (VStream::FITS) {
             v_stream.copy(sVa0 + buf * V_BUF, sk - n, gV);
         } else {
-            load_tile<BLOCK_N, DV, PITCH_V, THREADS, SW>(sV + buf * BLOCK_N * PITCH_V, gV + n * p.v_ss, p.v_ss, sk - n, D_V, tid);
+            load_tile<BLOCK_N, DV, PITCH_V, THREADS, SW_V>(sV + buf * BLOCK_N * PITCH_V, gV + n * p.v_ss, p.v_ss, sk - n, D_V, tid);
         }
     };
     if (n_tiles > 0) {
-        load_tile<BLOCK_M, DQK, PITCH_QK, THREADS, SW>(sQ, gQ, p.q_ss, sq - m0, D_QK, tid);
+        load_tile<BLOCK_M, DQK, PITCH_Q, THREADS, SW_Q>(sQ, gQ, p.q_ss, sq - m0, D_QK, tid);
         load_k(n_begin, 0);
         if constexpr (STAGES == 2) load_v(n_begin, 0);
         cp_async_commit();
@@ -720,6 +729,14 @@ attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
         TRACE(it == 0 ? EV_F_FIRST : EV_F_TILE);         // the first: the prologue's loads
 
         const unsigned sKa = sKa0 + buf * K_BUF, sVa = sVa0 + buf * V_BUF;
+        // The lanes' Q and K fragment addresses for this tile. Swizzled, each
+        // k-step position in a 128-byte line has its own XORed address; made
+        // opaque here, the four XORs are formed per tile and die with the S
+        // product, instead of being hoisted and held across the key loop
+        // (which spills at d128).
+        unsigned q_lane = sQa + q_frag, k_lane = sKa + k_frag;
+        if constexpr (SW_Q) asm volatile("" : "+r"(q_lane));
+        if constexpr (SW) asm volatile("" : "+r"(k_lane));
 
         // S = Q K^T for this warp's rows.
         float acc_s[M_TILES][BLOCK_N / 8][4];
@@ -737,11 +754,11 @@ attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
             unsigned a[M_TILES][4];
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt)
-                ldmatrix_x4(a[mt], frag_addr(sQa + q_frag, PITCH_QK, mt * 16, ks * 16));
+                ldmatrix_x4(a[mt], frag_addr<SW_Q>(q_lane, PITCH_Q, mt * 16, ks * 16));
 #pragma unroll
             for (int np = 0; np < BLOCK_N / 16; ++np) {
                 unsigned bk[4];
-                ldmatrix_x4(bk, frag_addr(sKa + k_frag, PITCH_QK, np * 16, ks * 16));
+                ldmatrix_x4(bk, frag_addr<SW>(k_lane, PITCH_QK, np * 16, ks * 16));
 #pragma unroll
                 for (int mt = 0; mt < M_TILES; ++mt) {
                     mma_16816(acc_s[mt][2 * np], a[mt], bk[0], bk[1]);
@@ -789,6 +806,8 @@ attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
         TRACE(EV_F_SOFTMAX);
         // O += P V. The S accumulator layout of two n-tiles is the A-operand
         // layout of one k-step, so P never leaves registers.
+        unsigned v_lane = sVa + v_frag;                  // opaque when swizzled, as q_lane
+        if constexpr (SW_V) asm volatile("" : "+r"(v_lane));
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
             unsigned pa[M_TILES][4];
@@ -802,7 +821,7 @@ attnforge_fwd_f16_d64_causal_tl_dense_sm80(const FwdParams p) {
 #pragma unroll
             for (int np = 0; np < DV / 16; ++np) {
                 unsigned bv[4];
-                ldmatrix_x4_trans(bv, frag_addr(sVa + v_frag, PITCH_V, kk * 16, np * 16));
+                ldmatrix_x4_trans(bv, frag_addr<SW_V>(v_lane, PITCH_V, kk * 16, np * 16));
 #pragma unroll
                 for (int mt = 0; mt < M_TILES; ++mt) {
                     mma_16816(acc_o[mt][2 * np], pa[mt], bv[0], bv[1]);
