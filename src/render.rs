@@ -210,6 +210,7 @@ struct BwdSm90aContext {
     is_thd: bool,
     softcap: bool,
     row_warps: u32,
+    walk_rotation: bool,
     head_major: bool,
 }
 
@@ -299,6 +300,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
                 is_thd: spec.layout == Layout::Thd,
                 softcap: spec.softcap,
                 row_warps: b.row_warps,
+                walk_rotation: b.walk_rotation,
                 head_major: plan.head_major,
             })
             .map_err(ctx_err)?

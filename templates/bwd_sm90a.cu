@@ -42,6 +42,9 @@ constexpr bool IS_THD = {{ is_thd }};
 constexpr bool SOFTCAP = {{ softcap }};
 constexpr bool DETERMINISTIC = false;
 constexpr int ROW_WARPS = {{ row_warps }};           // _pre / _dq_convert: one (token, head) row per warp
+// Each block's walk over its query tiles starts at its own kv tile (the
+// plan's walk_rotation).
+constexpr bool WALK_ROT = {{ walk_rotation }};
 static_assert((BLOCK_M == 64 || BLOCK_M == 128) && BLOCK_N == 128, "two warpgroups of 64 kv rows");
 static_assert(DQ_SPLIT != 2 || (BLOCK_M == 128 && DQK == 64), "row split: 128-row query tiles at d64");
 static_assert(DQK % 64 == 0 && DV % 64 == 0 && DQ_N == 64, "whole 128-byte chunks");
@@ -167,13 +170,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const QueryTiles qt = query_tiles_seeing(sq, sk, p.window_left, p.window_right, n0, BLOCK_N, BLOCK_M);
     const int m_begin = qt.first, n_mt = qt.count;
     const int n_iters = n_mt * p.gqa_ratio;              // (query head of the group, query tile)
+    // The walk's positions it = rot .. rot + n_iters - 1, position it at (query
+    // head it / n_mt of the group, wrapped; query tile it % n_mt); rot even, so
+    // that a position's buffer is still it & 1 (common/bwd_common.cuh, walk_start).
+    const int rot = WALK_ROT ? walk_start(n0, BLOCK_M, n_mt) & ~1 : 0;
+    const int it_end = rot + n_iters;
 
     const elem_t* gK = p.k + b * p.k_sb + (long long)(si.k_off + n0) * p.k_ss + hk * p.k_sh;
     const elem_t* gV = p.v + b * p.v_sb + (long long)(si.k_off + n0) * p.v_ss + hk * p.v_sh;
 
-    // Stage the query tile of iteration `it` (Q, dO, LSE, Dsum) into buffer `buf`.
+    auto query_head = [&](int it) {
+        const int qh = it / n_mt;
+        return hk * p.gqa_ratio + (WALK_ROT && qh == p.gqa_ratio ? 0 : qh);
+    };
+    // Stage the query tile of walk position `it` (Q, dO, LSE, Dsum) into buffer `buf`.
     auto load_q_tile = [&](int it, int buf) {
-        const int h = hk * p.gqa_ratio + it / n_mt;
+        const int h = query_head(it);
         const int m0 = (m_begin + it % n_mt) * BLOCK_M;
         const long long row0 = si.q_off + m0;
         load_sw128<BLOCK_M, QK_CHUNKS>(sQ + buf * Q_BYTES, p.q + b * p.q_sb + row0 * p.q_ss + h * p.q_sh, p.q_ss,
@@ -193,22 +205,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     if (n_iters > 0) {
         load_sw128<BLOCK_N, QK_CHUNKS>(sK, gK, p.k_ss, sk - n0, D_QK, tid);
         load_sw128<BLOCK_N, V_CHUNKS>(sV, gV, p.v_ss, sk - n0, D_V, tid);
-        load_q_tile(0, 0);
+        load_q_tile(rot, 0);
         cp_async_commit();
     }
     const unsigned k_rows = sK + wg * 64 * 128, v_rows = sV + wg * 64 * 128;   // this warpgroup's K_w, V_w
     const int row_w = 16 * wl + g;                       // this thread's kv rows: row_w, row_w + 8 (of 64)
 
-    for (int it = 0; it < n_iters; ++it) {
+    for (int it = rot; it < it_end; ++it) {
         const int buf = it & 1;
         cp_async_wait<0>();
         fence_proxy_async();
         __syncthreads();                                 // tile `it` landed; buffer buf ^ 1 is free
-        if (it + 1 < n_iters) {
+        if (it + 1 < it_end) {
             load_q_tile(it + 1, buf ^ 1);                // prefetch under this tile's products
             cp_async_commit();
         }
-        const int h = hk * p.gqa_ratio + it / n_mt;
+        const int h = query_head(it);
         const int m0 = (m_begin + it % n_mt) * BLOCK_M;
         const unsigned q_t = sQ + buf * Q_BYTES, do_t = sdO + buf * DO_BYTES;
         // Opaque copies of the loop-invariant bases: otherwise ptxas hoists

@@ -54,6 +54,13 @@ fn cases() -> Vec<Case> {
         dense("bwd.bf16.d128.causal-br.dense.det.sm80", 1, 8, 2, 1000, 1000).mem(Mem::Mixed),
         dense("bwd.f16.d128.none.dense.det.sm80", 2, 4, 4, 17, 127),
         dense("bwd.bf16.d256.none.dense.sm80", 1, 2, 2, 257, 513),
+        // GQA 4 without a mask, more keys than queries and more queries than
+        // keys. On Hopper the d64 case also runs the wgmma backward, whose
+        // blocks start their walks on their own diagonal and wrap into the
+        // group's first query head (walk_rotation; blocks past the last query
+        // tile start at 0).
+        dense("bwd.bf16.d256.none.dense.sm80", 1, 8, 2, 600, 1000),
+        dense("bwd.f16.d64.none.dense.sm80", 2, 8, 2, 1000, 300),
         dense("bwd.f16.d256.causal-br.dense.softcap.det.sm80", 1, 2, 1, 300, 300).softcap(20.0),
         // d256 fast mode under masks (dK's k-steps inside the dQ phase, dk_in_dq,
         // on dense specs; not on ragged ones).
