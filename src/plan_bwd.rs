@@ -140,7 +140,8 @@ fn walk_rotation(spec: &AttnSpec) -> bool {
     !spec.deterministic && spec.mask == crate::spec::Mask::None
 }
 
-const WALK_ROTATION_WHY: &str = "main: each block starts its query-tile walk on its own diagonal, so the blocks in flight \
+const WALK_ROTATION_WHY: &str =
+    "main: each block starts its query-tile walk on its own diagonal, so the blocks in flight \
      add into different dQ rows (measured at d128 without a mask: +6.4%)";
 
 impl BwdPlan {
@@ -1036,7 +1037,11 @@ mod tests {
             assert_eq!(b, why, "the plan says why exactly when it rotates");
             b
         };
-        for s in ["bwd.bf16.d64.none.dense.sm90a", "bwd.bf16.d128.none.thd.sm90a", "bwd.f16.d96.none.dense.softcap.sm90a"] {
+        for s in [
+            "bwd.bf16.d64.none.dense.sm90a",
+            "bwd.bf16.d128.none.thd.sm90a",
+            "bwd.f16.d96.none.dense.softcap.sm90a",
+        ] {
             let spec = s.parse().unwrap();
             let p = plan(&spec).unwrap();
             assert_eq!(p.template, Template::BwdSm90a, "{s}");
@@ -1044,7 +1049,11 @@ mod tests {
             // The sm80 path's walk is not rotated (measured: no effect).
             assert!(!rot(plan_bwd_sm80(&spec).unwrap()), "{s} (sm80 path)");
         }
-        for s in ["bwd.bf16.d128.causal-tl.dense.sm90a", "bwd.bf16.d64.causal-br.thd.sm90a", "bwd.f16.d128.window.dense.sm90a"] {
+        for s in [
+            "bwd.bf16.d128.causal-tl.dense.sm90a",
+            "bwd.bf16.d64.causal-br.thd.sm90a",
+            "bwd.f16.d128.window.dense.sm90a",
+        ] {
             let p = plan(&s.parse().unwrap()).unwrap();
             assert_eq!(p.template, Template::BwdSm90a, "{s}");
             assert!(!rot(p), "{s}");
