@@ -1675,8 +1675,10 @@ fn bench_ragged_lens(d: usize) -> Vec<usize> {
 /// lengths (the `--ab` cells' seed-11 draw and the default sweep's), the
 /// one-tile entry with the sequences in batch order (off) and longest keys
 /// first (on, `LoadedKernel::set_ragged_order`), interleaved over three
-/// rounds; the entry the launcher's rule takes is printed beside. One
-/// `ragged ...` line and one `ragged-json {...}` line per cell.
+/// rounds; the entry the launcher's rule takes is printed beside. Then the
+/// sm80-path forward of the same specs (`plan::plan_sm80_path`) in both
+/// orders (since session 30). One `ragged ...` line and one `ragged-json
+/// {...}` line per cell.
 fn ragged_order_ab(rng: &mut rand::rngs::StdRng) {
     launch::ensure_context(0).expect("context");
     let cc = launch::current_compute_capability().expect("cc");
@@ -1688,41 +1690,58 @@ fn ragged_order_ab(rng: &mut rand::rngs::StdRng) {
             for causal in [false, true] {
                 let mask = if causal { Mask::CausalBottomRight } else { Mask::None };
                 let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Thd, arch);
-                let k = attnforge::get_or_build(&spec).expect("forward");
-                let lk = launch::load(&k).expect("load");
                 let (_bufs, fa) = ragged_problem(d, &lens, rng);
-                let rule = entry_of(&lk, &fa).trim();
-                lk.set_persistent_grid(launch::ONE_TILE);
-                let flops = ragged_flops(&lens, h, d, causal);
-                // SAFETY: buffers sized for the problem.
-                let mut run = || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") };
-                // TFLOP/s of off (0) and on (1), each round starting with the other one.
-                let mut figures = [Vec::new(), Vec::new()];
-                for round in 0..3 {
-                    for on in [round % 2 == 1, round % 2 == 0] {
-                        lk.set_ragged_order(on);
-                        let ms = time_ms(&mut run, 5.0, 25.0);
-                        figures[on as usize].push(flops / ms / 1e9);
+                let planned = attnforge::get_or_build(&spec).expect("forward");
+                let sm80 = attnforge::plan::plan_sm80_path(&spec)
+                    .map_err(|e| e.to_string())
+                    .and_then(|plan| attnforge::jit::build_plan(plan).map_err(|e| e.to_string()));
+                for k in [Ok((*planned).clone()), sm80] {
+                    let k = match k {
+                        Ok(k) => k,
+                        Err(e) => {
+                            println!("ragged {spec} {draw}: no sm80-path forward ({e})");
+                            continue;
+                        }
+                    };
+                    let lk = launch::load(&k).expect("load");
+                    let rule = if k.plan.template == attnforge::plan::Template::FwdSm80 {
+                        "sm80 path"
+                    } else {
+                        entry_of(&lk, &fa).trim()
+                    };
+                    lk.set_persistent_grid(launch::ONE_TILE);
+                    let flops = ragged_flops(&lens, h, d, causal);
+                    // SAFETY: buffers sized for the problem.
+                    let mut run = || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") };
+                    // TFLOP/s of off (0) and on (1), each round starting with the other one.
+                    let mut figures = [Vec::new(), Vec::new()];
+                    for round in 0..3 {
+                        for on in [round % 2 == 1, round % 2 == 0] {
+                            lk.set_ragged_order(on);
+                            let ms = time_ms(&mut run, 5.0, 25.0);
+                            figures[on as usize].push(flops / ms / 1e9);
+                        }
                     }
-                }
-                lk.set_ragged_order(launch::RAGGED_ORDER_DEFAULT);
-                lk.set_persistent_grid(0);
-                let (off, on) = (median(&figures[0]), median(&figures[1]));
-                let change = (on / off - 1.0) * 100.0;
-                println!(
-                    "ragged {spec} {draw} ({} seqs {}..{}) one tile: batch order {off:7.1} TFLOP/s, \
+                    lk.set_ragged_order(launch::RAGGED_ORDER_DEFAULT);
+                    lk.set_persistent_grid(0);
+                    let (off, on) = (median(&figures[0]), median(&figures[1]));
+                    let change = (on / off - 1.0) * 100.0;
+                    let entry = if rule == "sm80 path" { "sm80 path" } else { "one tile" };
+                    println!(
+                        "ragged {spec} {draw} ({} seqs {}..{}) {entry}: batch order {off:7.1} TFLOP/s, \
                      longest first {on:7.1} TFLOP/s {change:+5.1}% (rule's entry: {rule})",
-                    lens.len(),
-                    lens.iter().min().unwrap(),
-                    lens.iter().max().unwrap()
-                );
-                let row = serde_json::json!({
-                    "spec": spec.to_string(), "draw": draw, "ragged_lens": lens, "h": h, "d": d,
-                    "causal": causal, "entry": "one tile", "rule_entry": rule,
-                    "batch_order_tflops": figures[0], "longest_first_tflops": figures[1],
-                    "batch_order_median": off, "longest_first_median": on, "change_pct": change,
-                });
-                println!("ragged-json {row}");
+                        lens.len(),
+                        lens.iter().min().unwrap(),
+                        lens.iter().max().unwrap()
+                    );
+                    let row = serde_json::json!({
+                        "spec": spec.to_string(), "draw": draw, "ragged_lens": lens, "h": h, "d": d,
+                        "causal": causal, "entry": entry, "rule_entry": rule,
+                        "batch_order_tflops": figures[0], "longest_first_tflops": figures[1],
+                        "batch_order_median": off, "longest_first_median": on, "change_pct": change,
+                    });
+                    println!("ragged-json {row}");
+                }
             }
         }
     }

@@ -179,9 +179,10 @@ pub struct FwdParams {
     /// The one-tile entry's causal block order in phases
     /// (`templates/common/order.cuh`; 1 = head-major, the checked default).
     pub tile_phases: i32,
-    /// Nonzero: the sm90a one-tile entry takes a ragged batch's sequences
-    /// longest keys first (`ragged_order` in `templates/common/order.cuh`;
-    /// batches up to 64 sequences). 0, the checked default: tile_at's order.
+    /// Nonzero: the sm90a one-tile entry and the sm80-path forward (without a
+    /// mask) take a ragged batch's sequences longest keys first (`ragged_order` in
+    /// `templates/common/order.cuh`; batches up to 64 sequences). 0, the
+    /// checked default: the grid's order.
     pub ragged_order: i32,
 }
 
@@ -704,13 +705,15 @@ impl LoadedKernel {
             .store(phases.min(crate::plan::MAX_TILE_PHASES), Ordering::Relaxed);
     }
 
-    /// Let the sm90a forward's one-tile launches of ragged (THD) batches take
-    /// the sequences longest keys first ([`RAGGED_ORDER_DEFAULT`]; `ragged_order` in
-    /// `templates/common/order.cuh`, batches up to 64 sequences), or keep
-    /// tile_at's batch order (tests check both orders of the same entry;
-    /// `gpu_bench --ragged-order` times them). Like [`Self::set_persistent_grid`],
-    /// it holds for every user of this loaded kernel. The walk entry, dense
-    /// kernels and the sm80-path forward ignore it.
+    /// Let the forward's launches of ragged (THD) batches take the sequences
+    /// longest keys first ([`RAGGED_ORDER_DEFAULT`]; `ragged_order` in
+    /// `templates/common/order.cuh`, batches up to 64 sequences), or keep the
+    /// grid's batch order (tests check both orders of the same kernel;
+    /// `gpu_bench --ragged-order` times them): the sm90a forward's one-tile
+    /// entry, and the sm80-path forward without a mask (its grid's own order
+    /// runs causal batches faster). Like [`Self::set_persistent_grid`], it
+    /// holds for every user of this loaded kernel. The walk entry, dense
+    /// kernels and the backward ignore it.
     pub fn set_ragged_order(&self, on: bool) {
         self.ragged_order.store(on, Ordering::Relaxed);
     }
@@ -1033,8 +1036,9 @@ pub unsafe fn launch_fwd(k: &LoadedKernel, args: &FwdArgs, stream: sys::CUstream
     let (func, grid, cluster) = k.entry(&args.problem, dims.grid);
     // The one-tile grid's causal order (read by the kernels that have one).
     params.tile_phases = k.phases_for(dims.grid.1) as i32;
-    // Its tile numbers are head-major ones (the query-block-major order keeps the grid's).
-    params.ragged_order = (k.ragged_order() && k.plan.head_major) as i32;
+    // Its tile numbers are head-major ones: the sm90a forward's query-block-major
+    // order keeps the grid's; the sm80-path forward maps either order's blocks.
+    params.ragged_order = (k.ragged_order() && (k.plan.head_major || k.plan.template == Template::FwdSm80)) as i32;
     dims.grid = grid;
     // The sm90a forward takes its Q/K/V (and with `tma_store_o` O's) tensor
     // maps after the parameter block.

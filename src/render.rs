@@ -433,17 +433,35 @@ mod tests {
             assert!(hm.contains("bh = (int)(lin / gridDim.y);"), "{s}");
             // Dense causal grids in the launcher's phases (common/order.cuh).
             assert!(hm.contains("phase_tile(lin, (int)gridDim.y, p.tile_phases)"), "{s}");
-            assert!(!old.contains("phase_tile("), "{s}");
+            assert!(!old.contains("phase_tile(lin"), "{s}");
             // The coordinates come from %ctaid twice: before the key loop and
             // for the epilogue (nothing only the epilogue needs stays live).
             for src in [&old, &hm] {
                 assert_eq!(src.matches("fwd_block(p)").count(), 2, "{s}");
             }
             assert!(
-                !old.contains("lin / gridDim.y") && old.contains("const int bh = (int)bx;"),
+                !old.contains("lin / gridDim.y") && old.contains("int bh = (int)bx;"),
                 "{s}"
             );
         }
+    }
+
+    #[test]
+    fn sm80_forward_takes_ragged_batches_longest_keys_first() {
+        // Ragged: both block orders map their blocks through common/order.cuh's
+        // ragged_order where the launcher asks (p.ragged_order).
+        for head_major in [false, true] {
+            let mut p = plan(&"fwd.f16.d64.none.thd.sm80".parse().unwrap()).unwrap();
+            p.head_major = head_major;
+            let src = render(&p).unwrap().source;
+            assert!(src.contains("if (MASK_KIND == 0 && p.ragged_order != 0 && p.batch <= RAGGED_ORDER_MAX_BATCH) {"));
+            assert!(src.contains("constexpr int RAGGED_ORDER_MAX_BATCH = 64;"));
+        }
+        // Dense grids have no such order (and no order.cuh without head_major).
+        let src = render(&plan(&"fwd.f16.d64.none.dense.sm80".parse().unwrap()).unwrap())
+            .unwrap()
+            .source;
+        assert!(!src.contains("ragged_order("));
     }
 
     #[test]

@@ -44,10 +44,9 @@ constexpr int CLUSTER_M = {{ cluster_m }};
 // The one-tile entry's blocks in phases by tile length (common/order.cuh).
 constexpr bool PHASED = (MASK_KIND == 1 || MASK_KIND == 2) && !IS_THD;
 // Ragged one-tile grids: the sequences longest keys first (common/order.cuh's
-// ragged_order, where p.ragged_order is set), up to this many sequences. Its
-// tile numbers are head-major ones: the query-block-major order keeps the
-// grid's (session 22: mapped through it, blocks went missing).
-constexpr int RAGGED_ORDER_MAX_BATCH = 64;
+// ragged_order, where p.ragged_order is set), up to RAGGED_ORDER_MAX_BATCH
+// sequences. Its tile numbers are head-major ones: the query-block-major order
+// keeps the grid's (session 22: mapped through it, blocks went missing).
 constexpr bool HEAD_MAJOR = {{ head_major }};
 
 // The work-tile loop of both entries (WALK, a template parameter of the

@@ -543,7 +543,7 @@ fn main() {
 /// (so that every block walks several work tiles, the suite's problems
 /// having fewer tiles than the device has SMs, and the ring and Q barriers
 /// carry across tiles) and the one-tile entry (ragged: in both sequence
-/// orders, longest keys first and batch order).
+/// orders, longest keys first and batch order, as the sm80-path forward).
 fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel, Entry)> {
     use attnforge::plan::{
         default_fwd_tiles, default_sm90a_tiles, fwd_tile_candidates, plan_fwd_sm80_with, plan_fwd_sm90a_with,
@@ -677,6 +677,15 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
         },
     );
     jobs.push(("fwd_sm80.cu other block order", other, Entry::Rule));
+    // Ragged: the sm80-path forward in the other sequence order too (the
+    // launcher's default takes the longest keys first, common/order.cuh).
+    if spec.layout == attnforge::Layout::Thd {
+        jobs.push((
+            "fwd_sm80.cu other ragged order",
+            plan_fwd_sm80_with(spec, sm80),
+            Entry::OtherRaggedOrder,
+        ));
+    }
     // The other tile shapes that `gpu_bench --tune` times for the head dim,
     // each once (the arch's shared memory may shrink two to one plan).
     let shape = |p: &attnforge::plan::KernelPlan| (p.num_warps, p.block_m, p.block_n, p.stages);

@@ -527,6 +527,7 @@ __device__ __forceinline__ PhaseTile phase_tile(long long lin, int tiles, int ph
 // barrier. Host mirror (tested for being a bijection onto the real tiles):
 // attnforge::plan::ragged_order.
 // `block_m`: query rows per tile (a constant at the call).
+constexpr int RAGGED_ORDER_MAX_BATCH = 64;               // two sequences a lane
 __device__ __forceinline__ int ragged_order(const int* cu_q, const int* cu_k, int batch, int heads, int m, int block_m,
                                             int lin) {
     const unsigned all = 0xffffffffu;

@@ -587,8 +587,8 @@ __device__ __forceinline__ FwdBlock fwd_block(const FwdParams& p) {
     unsigned bx, by;
     asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(bx));
     asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(by));
-    const int bh = (int)bx;
-    const int m_block = gridDim.y - 1 - (int)by;         // longest causal tiles first
+    int bh = (int)bx;
+    int m_block = gridDim.y - 1 - (int)by;               // longest causal tiles first
     FwdBlock f{bh / p.heads_q, bh % p.heads_q, m_block, 0, 0, p.seqlen_q, p.seqlen_k};
     if constexpr (IS_THD) {
         f.q_off = p.cu_seqlens_q[f.b];

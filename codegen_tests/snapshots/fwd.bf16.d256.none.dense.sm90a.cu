@@ -44,10 +44,9 @@ constexpr int CLUSTER_M = 1;
 // The one-tile entry's blocks in phases by tile length (common/order.cuh).
 constexpr bool PHASED = (MASK_KIND == 1 || MASK_KIND == 2) && !IS_THD;
 // Ragged one-tile grids: the sequences longest keys first (common/order.cuh's
-// ragged_order, where p.ragged_order is set), up to this many sequences. Its
-// tile numbers are head-major ones: the query-block-major order keeps the
-// grid's (session 22: mapped through it, blocks went missing).
-constexpr int RAGGED_ORDER_MAX_BATCH = 64;
+// ragged_order, where p.ragged_order is set), up to RAGGED_ORDER_MAX_BATCH
+// sequences. Its tile numbers are head-major ones: the query-block-major order
+// keeps the grid's (session 22: mapped through it, blocks went missing).
 constexpr bool HEAD_MAJOR = true;
 
 // The work-tile loop of both entries (WALK, a template parameter of the
@@ -526,6 +525,7 @@ __device__ __forceinline__ PhaseTile phase_tile(long long lin, int tiles, int ph
 // barrier. Host mirror (tested for being a bijection onto the real tiles):
 // attnforge::plan::ragged_order.
 // `block_m`: query rows per tile (a constant at the call).
+constexpr int RAGGED_ORDER_MAX_BATCH = 64;               // two sequences a lane
 __device__ __forceinline__ int ragged_order(const int* cu_q, const int* cu_k, int batch, int heads, int m, int block_m,
                                             int lin) {
     const unsigned all = 0xffffffffu;
