@@ -981,6 +981,16 @@ unsafe fn walk_entry(module: sys::CUmodule, plan: &KernelPlan) -> Result<(Option
     Ok((Some(func), device_sm_count()?.saturating_mul(per_sm.max(1) as u32)))
 }
 
+/// `FwdParams::ragged_order` of a forward launch of `plan` whose loaded
+/// kernel asks for the sequences longest keys first (`on`,
+/// [`LoadedKernel::set_ragged_order`]). Its tile numbers are head-major ones:
+/// the sm90a forward's query-block-major order keeps the grid's; the sm80-path
+/// forward maps either order's blocks (and its template reads it only without
+/// a mask). Dense kernels read it not at all.
+pub fn ragged_order_param(plan: &KernelPlan, on: bool) -> i32 {
+    (on && (plan.head_major || plan.template == Template::FwdSm80)) as i32
+}
+
 /// The walk entry's grid for a checked launch of a [`GridRule::TilesOrWalk`]
 /// plan whose one-tile grid is `one_tile`, or `None` for the one-tile entry.
 /// `cap` is [`LoadedKernel::set_persistent_grid`]'s (0: the launcher's rule,
@@ -1036,9 +1046,7 @@ pub unsafe fn launch_fwd(k: &LoadedKernel, args: &FwdArgs, stream: sys::CUstream
     let (func, grid, cluster) = k.entry(&args.problem, dims.grid);
     // The one-tile grid's causal order (read by the kernels that have one).
     params.tile_phases = k.phases_for(dims.grid.1) as i32;
-    // Its tile numbers are head-major ones: the sm90a forward's query-block-major
-    // order keeps the grid's; the sm80-path forward maps either order's blocks.
-    params.ragged_order = (k.ragged_order() && (k.plan.head_major || k.plan.template == Template::FwdSm80)) as i32;
+    params.ragged_order = ragged_order_param(&k.plan, k.ragged_order());
     dims.grid = grid;
     // The sm90a forward takes its Q/K/V (and with `tma_store_o` O's) tensor
     // maps after the parameter block.
@@ -1245,6 +1253,28 @@ mod tests {
     use super::*;
     use crate::plan::plan;
     use crate::spec::{Arch, DType};
+
+    #[test]
+    fn ragged_order_reaches_both_forwards() {
+        let thd = |arch, mask| plan(&AttnSpec::fwd(DType::Bf16, 128, mask, Layout::Thd, arch)).unwrap();
+        // The sm80-path forward (an sm80 spec, and the sm80 path of an sm90a one).
+        let sm80 = thd(Arch::Sm80, Mask::None);
+        assert_eq!(sm80.template, Template::FwdSm80);
+        assert!(!sm80.head_major);
+        assert_eq!(ragged_order_param(&sm80, true), 1);
+        assert_eq!(ragged_order_param(&sm80, false), 0);
+        let path = crate::plan::plan_sm80_path(&AttnSpec::fwd(DType::Bf16, 256, Mask::None, Layout::Thd, Arch::Sm90a))
+            .unwrap();
+        assert_eq!(ragged_order_param(&path, true), 1);
+        // The sm90a forward: head-major tile numbers only.
+        let mut hopper = thd(Arch::Sm90a, Mask::CausalBottomRight);
+        assert_eq!(hopper.template, Template::FwdSm90a);
+        assert!(hopper.head_major, "the sm90a forward's default order");
+        assert_eq!(ragged_order_param(&hopper, true), 1);
+        hopper.head_major = false;
+        assert_eq!(ragged_order_param(&hopper, true), 0);
+        assert_eq!(ragged_order_param(&hopper, false), 0);
+    }
 
     fn dense_args(b: u32, hq: u32, hkv: u32, sq: u32, sk: u32, d: i64) -> FwdArgs {
         FwdArgs {
