@@ -143,11 +143,12 @@ pub struct KernelPlan {
     /// staging fits beside the ring without shrinking it. Absent elsewhere.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tma_store_o: bool,
-    /// sm80-path forward: Q, K and V stored swizzled in shared memory instead
-    /// of padded (rows of whole 128-byte lines, each 16-byte chunk at
+    /// sm80-path forward: its K tiles, and where [`fwd_swizzled_tiles`] says
+    /// so its Q and V tiles, stored swizzled in shared memory instead of
+    /// padded (rows of whole 128-byte lines, each 16-byte chunk at
     /// `chunk ^ (row % 8)`; `templates/common/tile.cuh`), so that each cp.async
     /// line lands in one shared-memory line (ncu, session 29: padded rows cost
-    /// 2.6× the ideal wavefronts). Planned at d64 and d256 ([`fwd_swizzle`]);
+    /// 2.6× the ideal wavefronts). Planned by [`fwd_swizzle`];
     /// `smem_pitch_*` and `smem_bytes` keep the padded rows' figures (the pads
     /// go unused), so the tile choices are those of the padded layout.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -472,7 +473,13 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
     }
     let smem_swizzle = fwd_swizzle(spec, dqk, dv);
     if smem_swizzle {
-        reasons.push("Q/K/V tiles swizzled in shared memory (whole 128-byte lines per copy), not padded".into());
+        let (tiles, rest) = match fwd_swizzled_tiles(smem_swizzle, dqk, dv) {
+            [true, _, true] => ("Q/K/V tiles", ""),
+            _ => ("K tiles", "; Q and V padded (at d128 their swizzled reads spill)"),
+        };
+        reasons.push(format!(
+            "{tiles} swizzled in shared memory (whole 128-byte lines per copy), not padded{rest}"
+        ));
     }
 
     KernelPlan {
@@ -506,10 +513,20 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
     }
 }
 
+/// Which of the sm80-path forward's Q, K and V tiles a plan with
+/// [`KernelPlan::smem_swizzle`] (`swizzle`) stores swizzled: all three, but at
+/// d128, where the key loop runs at 254-255 registers, K alone. V's swizzled
+/// reads (four XORed addresses across the P V product's column blocks) spill
+/// 8-20 B there; Q, copied once per block, gains little.
+pub fn fwd_swizzled_tiles(swizzle: bool, dqk: u32, dv: u32) -> [bool; 3] {
+    [swizzle && dqk != 128, swizzle, swizzle && dv != 128]
+}
+
 /// Whether the sm80-path forward stores its tiles swizzled
-/// ([`KernelPlan::smem_swizzle`]): Q, K and V at d64 and d256; K alone at d128,
-/// where the key loop runs at 254-255 registers (the template's `SW_Q`/`SW_V`).
-/// Measured at d64/d256 (session 29, one process on an H100): +3..+10%.
+/// ([`KernelPlan::smem_swizzle`]): at d64, d128 and d256 (at d128 K alone,
+/// [`fwd_swizzled_tiles`]).
+/// Measured in one process on an H100: d64/d256 +3..+10% (session 29), d128
+/// +1.2..+3.8% (session 30).
 /// Not planned where it spills: d192 under masks (16-32 B), d256 ragged batches
 /// under a mask on sm_90a (8 B), and d128 under a sliding window or, on the
 /// sm80-family archs, under a causal mask (4-16 B); the compile sweep checks
@@ -1216,6 +1233,11 @@ mod tests {
             assert!(sm80(s), "{s}");
         }
         assert!(!sm80("fwd.bf16.d256.causal-br.thd.sm90a"));
+        // Which tiles: all three, but K alone at d128 (the template's SW_Q/SW/SW_V).
+        assert_eq!(fwd_swizzled_tiles(true, 64, 64), [true; 3]);
+        assert_eq!(fwd_swizzled_tiles(true, 256, 256), [true; 3]);
+        assert_eq!(fwd_swizzled_tiles(true, 128, 128), [false, true, false]);
+        assert_eq!(fwd_swizzled_tiles(false, 64, 64), [false; 3]);
         // The padded figures stay the plan's (the tile choices do not move).
         let p = plan(&"fwd.bf16.d256.none.dense.sm80".parse().unwrap()).unwrap();
         assert_eq!(p.smem_pitch_qk, 264);

@@ -102,8 +102,9 @@ struct FwdContext {
     softcap: bool,
     min_blocks: u32,
     head_major: bool,
-    /// Q, K and V tiles swizzled instead of padded (rows of whole 128-byte lines).
-    swizzle: bool,
+    /// Q, K and V tiles swizzled instead of padded (rows of whole 128-byte
+    /// lines; `plan::fwd_swizzled_tiles`).
+    swizzle: [bool; 3],
 }
 
 /// The values the sm90a forward template sees.
@@ -346,6 +347,11 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
         })
         .map_err(ctx_err)?,
         (Template::FwdSm80, _) => Context::from_serialize(FwdContext {
+            swizzle: crate::plan::fwd_swizzled_tiles(
+                plan.smem_swizzle,
+                plan.head_dim_qk_padded,
+                plan.head_dim_v_padded,
+            ),
             spec: spec.to_string(),
             entry: plan.entry.clone(),
             ptx_type,
@@ -365,7 +371,6 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
             softcap: spec.softcap,
             min_blocks: plan.min_blocks_per_sm,
             head_major: plan.head_major,
-            swizzle: plan.smem_swizzle,
         })
         .map_err(ctx_err)?,
     };

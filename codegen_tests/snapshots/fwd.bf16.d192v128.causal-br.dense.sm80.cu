@@ -14,16 +14,13 @@ constexpr int D_QK = 192;                     // real head dims
 constexpr int D_V = 128;
 constexpr int DQK = 192;                  // padded to the k-step (16)
 constexpr int DV = 128;
-// Q, K and V tiles swizzled instead of padded (the plan's smem_swizzle;
-// common/tile.cuh, load_tile's SW): unpadded rows of whole 128-byte lines, so
-// each copy writes whole shared-memory lines. Else padded rows (the plan's row
-// pitches, elements; the plan's shared-memory size keeps them either way).
+// K (SW), Q and V tiles swizzled instead of padded (the plan's smem_swizzle,
+// per tile plan::fwd_swizzled_tiles; common/tile.cuh, load_tile's SW):
+// unpadded rows of whole 128-byte lines, so each copy writes whole
+// shared-memory lines. Else padded rows (the plan's row pitches, elements;
+// the plan's shared-memory size keeps them either way).
 constexpr bool SW = false;
-// At d128 the key loop runs at 254-255 registers, and V's swizzled reads (four
-// XORed addresses across the P V product's column blocks) spill 8-20 B; there
-// only K, copied every key tile, is swizzled, and Q (copied once per block)
-// and V keep their padded rows.
-constexpr bool SW_Q = SW && DQK != 128, SW_V = SW && DV != 128;
+constexpr bool SW_Q = false, SW_V = false;
 constexpr int PITCH_QK = SW ? DQK : 200;     // K
 constexpr int PITCH_Q = SW_Q ? DQK : 200;
 constexpr int PITCH_V = SW_V ? DV : 136;
