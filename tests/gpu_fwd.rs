@@ -543,7 +543,8 @@ fn main() {
 /// (so that every block walks several work tiles, the suite's problems
 /// having fewer tiles than the device has SMs, and the ring and Q barriers
 /// carry across tiles) and the one-tile entry (ragged: in both sequence
-/// orders, longest keys first and batch order, as the sm80-path forward).
+/// orders, longest keys first and batch order, as the sm80-path forward
+/// without a mask).
 fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel, Entry)> {
     use attnforge::plan::{
         default_fwd_tiles, default_sm90a_tiles, fwd_tile_candidates, plan_fwd_sm80_with, plan_fwd_sm90a_with,
@@ -677,9 +678,10 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
         },
     );
     jobs.push(("fwd_sm80.cu other block order", other, Entry::Rule));
-    // Ragged: the sm80-path forward in the other sequence order too (the
-    // launcher's default takes the longest keys first, common/order.cuh).
-    if spec.layout == attnforge::Layout::Thd {
+    // Ragged without a mask: the sm80-path forward in the other sequence order
+    // too (the launcher's default takes the longest keys first,
+    // common/order.cuh; under masks the template keeps the grid's order).
+    if spec.layout == attnforge::Layout::Thd && spec.mask == attnforge::Mask::None {
         jobs.push((
             "fwd_sm80.cu other ragged order",
             plan_fwd_sm80_with(spec, sm80),
