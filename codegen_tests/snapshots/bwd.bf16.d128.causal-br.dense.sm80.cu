@@ -340,20 +340,6 @@ __device__ __forceinline__ int last_row_seeing(int sq, int sk, int left, int key
     return (int)(i < -1 ? -1 : i);
 }
 
-// Where a block's walk over its n_mt query tiles starts (the plan's
-// walk_rotation, bwd_sm90a.cu): at the query tile on its own diagonal (the
-// one holding row n0), or at tile 0 where the keys outnumber the queries that
-// far. Without a mask every kv tile of a head sees all of its query tiles, and
-// blocks that all started at tile 0 would add into the same dQ rows (and read
-// the same Q/dO tile) at the same moment; started on their diagonals the
-// blocks in flight spread over the head's rows. Masked walks start on their
-// own first visible tile already. (No integer modulo: its code made ptxas
-// spill at d64.)
-__device__ __forceinline__ int walk_start(int n0, int block_m, int n_mt) {
-    const int m = n0 / block_m;
-    return m < n_mt ? m : 0;
-}
-
 // The query tiles (of `block_m` rows) whose rows see at least one key of the
 // kv block [n0, min(n0 + block_n, sk)): the first tile and how many (0: none).
 struct QueryTiles {
