@@ -159,13 +159,29 @@ fn dq_rows(spec: &AttnSpec, p: &FwdProblem) -> u64 {
 }
 
 /// Scratch bytes a backward call needs (pure; 0 for deterministic specs and
-/// non-backward plans). Fast mode: the f32 dQ accumulator, `rows · heads_q ·
-/// head_dim_qk_padded · 4` (rows: dense `batch·seqlen_q`, THD `total_q`).
+/// non-backward plans). Fast mode: the f32 dQ accumulator, `round_up(rows, G)
+/// · heads_q · head_dim_qk_padded` floats (rows: dense `batch·seqlen_q`, THD
+/// `total_q`; G: the plan's `dq_tile_rows`, see [`dq_acc_index`]).
 pub fn bwd_workspace_bytes(plan: &KernelPlan, problem: &FwdProblem) -> u64 {
-    if plan.bwd.is_none() || plan.spec.deterministic {
+    let Some(bp) = plan.bwd.as_ref() else { return 0 };
+    if plan.spec.deterministic {
         return 0;
     }
-    dq_rows(&plan.spec, problem) * problem.heads_q as u64 * plan.head_dim_qk_padded as u64 * 4
+    let g = bp.dq_tile_rows.max(1) as u64;
+    dq_rows(&plan.spec, problem).next_multiple_of(g) * problem.heads_q as u64 * plan.head_dim_qk_padded as u64 * 4
+}
+
+/// Float offset of `(token, head, column)` in the fast-mode dQ accumulator of
+/// `heads` query heads: the host mirror of `dq_acc_at + dq_acc_col` in
+/// `templates/common/bwd_common.cuh`. Tokens in groups of G (the plan's
+/// `dq_tile_rows`); per group, per head, the columns in blocks of 8:
+/// `[token / G][head][c / 8][token % G][c % 8]`, so the kernels' reductions of
+/// one MMA accumulator tile (G rows × 8 columns) are contiguous. G = 1 is the
+/// row-major `[token][head][c]`.
+pub fn dq_acc_index(bp: &BwdPlan, dqk_padded: u32, heads: u32, token: u64, head: u32, col: u32) -> u64 {
+    let g = bp.dq_tile_rows.max(1) as u64;
+    let (d, c, t) = (dqk_padded as u64, col as u64, token);
+    ((t / g) * heads as u64 + head as u64) * g * d + (c / 8) * g * 8 + (t % g) * 8 + c % 8
 }
 
 /// Validate a backward call against its plan and build the launches.
@@ -448,6 +464,8 @@ mod tests {
         let p = pl("bwd.bf16.d128.causal-br.dense.sm80");
         let a = args(2, 8, 2, 1000, 700, 128);
         let need = bwd_workspace_bytes(&p, &a.problem);
+        // 2000 rows are whole tiles of 8 (the sm80 path's dQ tiles).
+        assert_eq!(p.bwd.as_ref().unwrap().dq_tile_rows, 8);
         assert_eq!(need, 2 * 1000 * 8 * 128 * 4);
         let l = check_bwd(&p, &a, 0x10_0000, need).unwrap().unwrap();
         let names: Vec<&str> = l.steps.iter().map(|s| s.entry.as_str()).collect();
@@ -476,6 +494,68 @@ mod tests {
                 Err(LaunchError::InvalidArgument { arg: "workspace", .. })
             ));
         }
+    }
+
+    #[test]
+    fn dq_accumulator_layout_is_a_bijection_onto_the_workspace() {
+        // Every (token, head, column) has its own float inside the workspace,
+        // the 8 columns of a block are contiguous, and a tile of G tokens x 8
+        // columns is one contiguous run (what the kernels' reductions rely on).
+        for (spec, g) in [
+            ("bwd.bf16.d128.causal-br.dense.sm80", 8),
+            ("bwd.f16.d64.causal-br.thd.sm90a", 16),
+            ("bwd.bf16.d96.none.dense.sm80", 8),
+            // The wgmma backward of ragged specs without a mask: row-major.
+            ("bwd.bf16.d128.none.thd.sm90a", 1),
+        ] {
+            let p = pl(spec);
+            let bp = p.bwd.as_ref().unwrap();
+            assert_eq!(bp.dq_tile_rows, g, "{spec}");
+            let d = p.head_dim_qk_padded;
+            let (heads, rows) = (3u32, 37u64);
+            let prob = FwdProblem {
+                batch: 1,
+                heads_q: heads,
+                heads_kv: 1,
+                seqlen_q: rows as u32,
+                seqlen_k: 5,
+                total_q: rows as u32,
+                total_k: 5,
+                window: (-1, -1),
+                ..Default::default()
+            };
+            let floats = bwd_workspace_bytes(&p, &prob) / 4;
+            assert_eq!(floats, rows.next_multiple_of(g as u64) * heads as u64 * d as u64);
+            let mut seen = vec![false; floats as usize];
+            for h in 0..heads {
+                for t in 0..rows {
+                    for c in 0..d {
+                        let i = dq_acc_index(bp, d, heads, t, h, c);
+                        assert!(i < floats, "{spec}: ({t}, {h}, {c}) -> {i} outside {floats}");
+                        assert!(!seen[i as usize], "{spec}: ({t}, {h}, {c}) -> {i} twice");
+                        seen[i as usize] = true;
+                        if g == 1 {
+                            // bwd_sm90a.cu's row-major address (DQ_G == 1).
+                            assert_eq!(i, (t * heads as u64 + h as u64) * d as u64 + c as u64);
+                        }
+                        if c % 8 > 0 {
+                            assert_eq!(i, dq_acc_index(bp, d, heads, t, h, c - 1) + 1);
+                        }
+                    }
+                }
+                // One tile: G tokens of a group x one column block, contiguous.
+                let base = dq_acc_index(bp, d, heads, g as u64, h, 8);
+                for k in 0..g as u64 * 8 {
+                    assert_eq!(
+                        dq_acc_index(bp, d, heads, g as u64 + k / 8, h, 8 + (k % 8) as u32),
+                        base + k
+                    );
+                }
+            }
+        }
+        // Deterministic plans have no accumulator.
+        let det = pl("bwd.bf16.d128.none.dense.det.sm80");
+        assert_eq!(det.bwd.as_ref().unwrap().dq_tile_rows, 0);
     }
 
     #[test]

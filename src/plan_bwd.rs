@@ -131,6 +131,34 @@ pub struct BwdPlan {
     /// their own diagonal already).
     #[serde(default)]
     pub walk_rotation: bool,
+    /// Fast mode: the f32 dQ accumulator is stored in tiles of this many
+    /// tokens (0 in deterministic mode, which has none): tokens in groups of
+    /// G, per group and query head the columns in blocks of 8,
+    /// `[token / G][head][c / 8][token % G][c % 8]`
+    /// (`launch_bwd::dq_acc_index`). A warp's reductions of one MMA
+    /// accumulator tile (8 or 16 rows × 8 columns) then land in 2–4 whole
+    /// 128-byte lines instead of one line per row: ncu (session 28, d256 8k)
+    /// counted 8 L1 tag requests per 8-byte row-major reduction against 1 per
+    /// 128 B for FlashAttention-2's permuted accumulator. G = 1 is the
+    /// row-major `[token][head][c]`.
+    #[serde(default)]
+    pub dq_tile_rows: u32,
+}
+
+/// Tokens per tile of the fast-mode dQ accumulator (`BwdPlan::dq_tile_rows`):
+/// the rows one reduction instruction of the template covers (8 in the sm80
+/// path's 8-byte reductions, 16 in the wgmma path's 16-byte ones). The wgmma
+/// backward of ragged specs without a mask keeps the plain layout (G = 1):
+/// with tiles its main kernel spills 4–16 B at d96/d128 (255 registers).
+fn dq_tile_rows(spec: &AttnSpec, template_rows: u32) -> u32 {
+    use crate::spec::{Layout, Mask};
+    if spec.deterministic {
+        0
+    } else if template_rows == 16 && spec.layout == Layout::Thd && spec.mask == Mask::None {
+        1
+    } else {
+        template_rows
+    }
 }
 
 /// Whether the wgmma backward's blocks start their query-tile walks on their
@@ -138,6 +166,19 @@ pub struct BwdPlan {
 /// every block of a head walks the same query tiles and all of them add into dQ.
 fn walk_rotation(spec: &AttnSpec) -> bool {
     !spec.deterministic && spec.mask == crate::spec::Mask::None
+}
+
+/// The plan's reason for its dQ accumulator (fast mode), by tile rows.
+fn dq_tiled_why(g: u32) -> String {
+    let head = "fast: dQ accumulated in an f32 workspace with red.global.add, then converted";
+    match g {
+        1 => format!("{head}; the workspace row-major (tiles spill here)"),
+        _ => format!(
+            "{head}; the workspace in tiles of {g} tokens x 8 columns, so a warp's reductions of one column block \
+             cover {} whole 128-byte lines instead of one line per row",
+            g / 4
+        ),
+    }
 }
 
 const WALK_ROTATION_WHY: &str =
@@ -584,7 +625,7 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
         ));
         (m, n, w, st, smem)
     } else {
-        reasons.push("fast: dQ accumulated in an f32 workspace with red.global.add, then converted".into());
+        reasons.push(dq_tiled_why(dq_tile_rows(spec, 8)));
         (0, 0, 0, 0, 0)
     };
     reasons.push(
@@ -642,6 +683,7 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
         dk_in_dq,
         qdo_swizzle,
         walk_rotation: false,
+        dq_tile_rows: dq_tile_rows(spec, 8),
     };
     Some(KernelPlan {
         spec: *spec,
@@ -782,7 +824,7 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<Ker
             _ => "with each warpgroup over its own kv rows",
         }
     ));
-    reasons.push("fast: dQ accumulated in an f32 workspace with red.global.add, then converted".into());
+    reasons.push(dq_tiled_why(dq_tile_rows(spec, 16)));
     reasons.push(
         "GQA: each block loops over the query heads of its kv head, so dK/dV need no workspace and no atomics".into(),
     );
@@ -814,6 +856,7 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<Ker
         dk_in_dq: false,
         qdo_swizzle: false,
         walk_rotation: walk_rotation(spec),
+        dq_tile_rows: dq_tile_rows(spec, 16),
     };
     Ok(KernelPlan {
         spec: *spec,

@@ -186,6 +186,8 @@ struct BwdContext {
     dq_frags_once: bool,
     kv_in_regs: bool,
     qdo_swizzle: bool,
+    /// Tokens per tile of the f32 dQ accumulator (`BwdPlan::dq_tile_rows`).
+    dq_tile_rows: u32,
     head_major: bool,
 }
 
@@ -212,6 +214,8 @@ struct BwdSm90aContext {
     softcap: bool,
     row_warps: u32,
     walk_rotation: bool,
+    /// Tokens per tile of the f32 dQ accumulator (`BwdPlan::dq_tile_rows`).
+    dq_tile_rows: u32,
     head_major: bool,
 }
 
@@ -277,6 +281,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
             dq_frags_once: b.dq_frags_once,
             kv_in_regs: b.kv_in_regs,
             qdo_swizzle: b.qdo_swizzle,
+            dq_tile_rows: b.dq_tile_rows,
             head_major: plan.head_major,
         })
         .map_err(ctx_err)?,
@@ -302,6 +307,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
                 softcap: spec.softcap,
                 row_warps: b.row_warps,
                 walk_rotation: b.walk_rotation,
+                dq_tile_rows: b.dq_tile_rows,
                 head_major: plan.head_major,
             })
             .map_err(ctx_err)?

@@ -72,6 +72,7 @@ constexpr int chunk_nt(int mt, int nt, int limit = ACC_CHUNK) {
 }
 
 constexpr int ROW_WARPS = {{ row_warps }};           // _pre / _dq_convert: one (token, head) row per warp
+constexpr int DQ_G = {{ dq_tile_rows }};             // dq_accum: tiles of DQ_G tokens x 8 columns (fast mode)
 {%- if deterministic %}
 constexpr int DQB_WARPS = {{ dqb_warps }};           // _dq kernel: 16 query rows per warp
 constexpr int DQB_THREADS = DQB_WARPS * 32;
@@ -531,8 +532,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     warp_gemm<MT, NT, BLOCK_N / 16, true, true, true>(acc, sdSa, PITCH_M, r0, sKa, PITCH_QK, c0, lane);
 {%- endif %}
                     const long long acc_row0 = IS_THD ? (long long)si.q_off + m0 : (long long)b * p.seqlen_q + m0;
-                    float* gacc = p.dq_accum + (acc_row0 * p.heads_q + h) * DQK;
-                    const long long row_pitch = (long long)p.heads_q * DQK;
                     // No branch around rows past the sequence (the last tile's):
                     // their dQ is exactly zero (P = 0 from the LSE staged as +inf,
                     // zero-filled dO), so it is added to the last row instead,
@@ -540,16 +539,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #if __CUDA_ARCH__ >= 900
                     // One 8-byte vector reduction per accumulator row pair (before
                     // session 15 a lane-pair shuffle formed 16-byte ones, whose
-                    // SHFL/FSEL cost more than the extra requests).
+                    // SHFL/FSEL cost more than the extra requests). In the tiled
+                    // accumulator (DQ_G = 8) a warp's 32 of them are 8 rows x 8
+                    // columns: 256 contiguous bytes.
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
                         for (int r = 0; r < 2; ++r) {
                             const int row_in = min(m0 + r0 + mt * 16 + g + 8 * r, sq - 1) - m0;
+                            float* grow = dq_acc_at(p, acc_row0 + row_in, h) + dq_acc_col(c0 + 2 * t);
 #pragma unroll
                             for (int nt = 0; nt < NT; ++nt) {
                                 const float* a = acc[mt][nt];
-                                red_add_f32x2(gacc + row_in * row_pitch + c0 + nt * 8 + 2 * t, a[2 * r], a[2 * r + 1]);
+                                red_add_f32x2(grow + nt * DQ_COL_STEP, a[2 * r], a[2 * r + 1]);
                             }
                         }
                     }
@@ -564,12 +566,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     for (int mt = 0; mt < MT; ++mt) {
                         const int row = r0 + mt * 16 + g + (odd ? 8 : 0);
                         const int row_in = min(m0 + row, sq - 1) - m0;
+                        float* grow = dq_acc_at(p, acc_row0 + row_in, h) + dq_acc_col(c0 + 4 * (t >> 1));
 #pragma unroll
                         for (int nt = 0; nt < NT; ++nt) {
                             const float* a = acc[mt][nt];
                             const float x0 = __shfl_xor_sync(0xffffffffu, odd ? a[0] : a[2], 1);
                             const float x1 = __shfl_xor_sync(0xffffffffu, odd ? a[1] : a[3], 1);
-                            float* dst = gacc + row_in * row_pitch + c0 + nt * 8 + 4 * (t >> 1);
+                            float* dst = grow + nt * DQ_COL_STEP;
                             red_add_f32x4(dst, odd ? x0 : a[0], odd ? x1 : a[1], odd ? a[2] : x0, odd ? a[3] : x1);
                         }
                     }

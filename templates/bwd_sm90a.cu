@@ -42,6 +42,7 @@ constexpr bool IS_THD = {{ is_thd }};
 constexpr bool SOFTCAP = {{ softcap }};
 constexpr bool DETERMINISTIC = false;
 constexpr int ROW_WARPS = {{ row_warps }};           // _pre / _dq_convert: one (token, head) row per warp
+constexpr int DQ_G = {{ dq_tile_rows }};             // dq_accum: tiles of DQ_G tokens x 8 columns
 // Each block's walk over its query tiles starts at its own kv tile (the
 // plan's walk_rotation).
 constexpr bool WALK_ROT = {{ walk_rotation }};
@@ -381,18 +382,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // dq_accum += dQ: lanes t = 2k, 2k + 1 swap halves so that each holds four
         // consecutive columns of one row (16-byte reductions).
         {
+            // In the tiled accumulator (DQ_G = 16) a warp's 32 reductions of one
+            // column block j are its 16 rows x 8 columns: 512 contiguous bytes
+            // (in at most two tiles where the query tile starts mid-tile).
+            // (DQ_G = 1, the row-major accumulator: the address as before the
+            // tiles, which ptxas keeps spill-free where the tiles' is not.)
             const long long acc_row0 = IS_THD ? (long long)si.q_off + m0 : (long long)b * p.seqlen_q + m0;
-            float* gacc = p.dq_accum + (acc_row0 * p.heads_q + h) * DQK + c0;
-            const long long row_pitch = (long long)p.heads_q * DQK;
             const bool odd = t & 1;
             const int row = q0 + 16 * wl + g + (odd ? 8 : 0);
+            float* gacc = DQ_G == 1
+                ? p.dq_accum + (acc_row0 * p.heads_q + h) * DQK + row * ((long long)p.heads_q * DQK) + c0 + 4 * (t >> 1)
+                : opaque_ptr(dq_acc_at(p, acc_row0 + row, h) + dq_acc_col(c0 + 4 * (t >> 1)));
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 const float* a = acc_dq[j];
                 const float x0 = __shfl_xor_sync(0xffffffffu, odd ? a[0] : a[2], 1);
                 const float x1 = __shfl_xor_sync(0xffffffffu, odd ? a[1] : a[3], 1);
                 if (m0 + row < sq) {
-                    float* dst = gacc + row * row_pitch + j * 8 + 4 * (t >> 1);
+                    float* dst = gacc + j * DQ_COL_STEP;
                     if (odd) red_add_f32x4(dst, x0, x1, a[2], a[3]);
                     else red_add_f32x4(dst, a[0], a[1], x0, x1);
                 }

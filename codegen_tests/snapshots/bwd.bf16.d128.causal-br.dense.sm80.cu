@@ -68,6 +68,7 @@ constexpr int chunk_nt(int mt, int nt, int limit = ACC_CHUNK) {
 }
 
 constexpr int ROW_WARPS = 4;           // _pre / _dq_convert: one (token, head) row per warp
+constexpr int DQ_G = 8;             // dq_accum: tiles of DQ_G tokens x 8 columns (fast mode)
 
 // ---- common/ptx.cuh: header-free device helpers (inline PTX) -----------------
 // Kernels are compiled by NVRTC with no include path: no cuda_fp16.h or
@@ -239,7 +240,7 @@ struct RowWindow {
 // the per-score gradient, sequence geometry, accumulator stores, and the row
 // kernels _pre (Dsum = rowsum(dO * O), zero dq_accum) and, in fast mode,
 // _dq_convert. The including template defines D_QK, D_V, DQK, ROW_WARPS,
-// MASK_KIND, IS_THD, SOFTCAP and DETERMINISTIC first.
+// DQ_G, MASK_KIND, IS_THD, SOFTCAP and DETERMINISTIC first.
 
 #define POS_INF (__int_as_float(0x7f800000))
 constexpr float LOG2E = 1.4426950408889634f;
@@ -306,6 +307,35 @@ __device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], { %1, %2 };\n" :: "l"(addr), "f"(a), "f"(b) : "memory");
 }
 #endif
+
+// ---- the fast-mode f32 dQ accumulator (layout: BwdPlan::dq_tile_rows) ---------
+// Tokens in groups of DQ_G; per group, per query head, the columns in blocks
+// of 8: [token / DQ_G][h][c / 8][token % DQ_G][c % 8]. The host mirror is
+// `launch_bwd::dq_acc_index`. dq_acc_at(p, token, h) + dq_acc_col(c) is an
+// element's place; 8-column blocks are DQ_COL_STEP floats apart, and the 8
+// columns of one block are contiguous. Tokens are below 2^31 (the launcher
+// checks), so the token arithmetic is unsigned 32-bit. DQ_G is 0 in
+// deterministic mode (no accumulator).
+constexpr unsigned DQ_T = DQ_G > 0 ? DQ_G : 1;
+constexpr int DQ_COL_STEP = DQ_T * 8;
+
+__device__ __forceinline__ float* dq_acc_at(const BwdParams& p, long long token, int h) {
+    const unsigned tk = (unsigned)token;
+    return p.dq_accum + ((long long)(tk / DQ_T) * p.heads_q + h) * ((long long)DQ_T * DQK) + (tk % DQ_T) * 8;
+}
+
+__device__ __forceinline__ int dq_acc_col(int c) {
+    return (c / 8) * DQ_COL_STEP + c % 8;
+}
+
+// The same pointer, opaque to the compiler: the reductions then address their
+// column blocks as immediate offsets from it, instead of the compiler splitting
+// it into a per-tile part and per-thread 64-bit parts that it hoists out of the
+// query loop (one register pair per reduction: the wgmma backward spilled).
+__device__ __forceinline__ float* opaque_ptr(float* ptr) {
+    asm("mov.b64 %0, %0;" : "+l"(ptr));
+    return ptr;
+}
 
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
@@ -607,11 +637,11 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80_pre(const BwdParams p) {
     acc = warp_sum(acc);
     if (lane == 0) p.dsum[b * p.lse_sb + h * p.lse_sh + i] = acc;
     if constexpr (!DETERMINISTIC) {
-        float* z = p.dq_accum + ((long long)row * p.heads_q + h) * DQK;
+        float* z = dq_acc_at(p, row, h);
         for (int c = lane * 8; c < DQK; c += 256) {
             const f32x4 zero = { 0.f, 0.f, 0.f, 0.f };
-            *reinterpret_cast<f32x4*>(z + c) = zero;
-            *reinterpret_cast<f32x4*>(z + c + 4) = zero;
+            *reinterpret_cast<f32x4*>(z + dq_acc_col(c)) = zero;
+            *reinterpret_cast<f32x4*>(z + dq_acc_col(c) + 4) = zero;
         }
     }
 }
@@ -630,11 +660,11 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80_dq_convert(const BwdParams p) {
         b = row / p.seqlen_q;
         i = row % p.seqlen_q;
     }
-    const float* src = p.dq_accum + ((long long)row * p.heads_q + h) * DQK;
+    const float* src = dq_acc_at(p, row, h);
     elem_t* dst = p.dq + b * p.dq_sb + (long long)i * p.dq_ss + h * p.dq_sh;
     for (int c = lane * 8; c < D_QK; c += 256) {
-        const f32x4 x = *reinterpret_cast<const f32x4*>(src + c);
-        const f32x4 y = *reinterpret_cast<const f32x4*>(src + c + 4);
+        const f32x4 x = *reinterpret_cast<const f32x4*>(src + dq_acc_col(c));
+        const f32x4 y = *reinterpret_cast<const f32x4*>(src + dq_acc_col(c) + 4);
         const float s = p.scale;
         u32x4 out;
         out.x = pack2(x.x * s, x.y * s);
@@ -1272,8 +1302,6 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80(const BwdParams p) {
                     float acc[MT][NT][4];
                     warp_gemm<MT, NT, BLOCK_N / 16, true, true, true>(acc, sdSa, PITCH_M, r0, sKa, PITCH_QK, c0, lane);
                     const long long acc_row0 = IS_THD ? (long long)si.q_off + m0 : (long long)b * p.seqlen_q + m0;
-                    float* gacc = p.dq_accum + (acc_row0 * p.heads_q + h) * DQK;
-                    const long long row_pitch = (long long)p.heads_q * DQK;
                     // No branch around rows past the sequence (the last tile's):
                     // their dQ is exactly zero (P = 0 from the LSE staged as +inf,
                     // zero-filled dO), so it is added to the last row instead,
@@ -1281,16 +1309,19 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80(const BwdParams p) {
 #if __CUDA_ARCH__ >= 900
                     // One 8-byte vector reduction per accumulator row pair (before
                     // session 15 a lane-pair shuffle formed 16-byte ones, whose
-                    // SHFL/FSEL cost more than the extra requests).
+                    // SHFL/FSEL cost more than the extra requests). In the tiled
+                    // accumulator (DQ_G = 8) a warp's 32 of them are 8 rows x 8
+                    // columns: 256 contiguous bytes.
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
                         for (int r = 0; r < 2; ++r) {
                             const int row_in = min(m0 + r0 + mt * 16 + g + 8 * r, sq - 1) - m0;
+                            float* grow = dq_acc_at(p, acc_row0 + row_in, h) + dq_acc_col(c0 + 2 * t);
 #pragma unroll
                             for (int nt = 0; nt < NT; ++nt) {
                                 const float* a = acc[mt][nt];
-                                red_add_f32x2(gacc + row_in * row_pitch + c0 + nt * 8 + 2 * t, a[2 * r], a[2 * r + 1]);
+                                red_add_f32x2(grow + nt * DQ_COL_STEP, a[2 * r], a[2 * r + 1]);
                             }
                         }
                     }
@@ -1305,12 +1336,13 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80(const BwdParams p) {
                     for (int mt = 0; mt < MT; ++mt) {
                         const int row = r0 + mt * 16 + g + (odd ? 8 : 0);
                         const int row_in = min(m0 + row, sq - 1) - m0;
+                        float* grow = dq_acc_at(p, acc_row0 + row_in, h) + dq_acc_col(c0 + 4 * (t >> 1));
 #pragma unroll
                         for (int nt = 0; nt < NT; ++nt) {
                             const float* a = acc[mt][nt];
                             const float x0 = __shfl_xor_sync(0xffffffffu, odd ? a[0] : a[2], 1);
                             const float x1 = __shfl_xor_sync(0xffffffffu, odd ? a[1] : a[3], 1);
-                            float* dst = gacc + row_in * row_pitch + c0 + nt * 8 + 4 * (t >> 1);
+                            float* dst = grow + nt * DQ_COL_STEP;
                             red_add_f32x4(dst, odd ? x0 : a[0], odd ? x1 : a[1], odd ? a[2] : x0, odd ? a[3] : x1);
                         }
                     }

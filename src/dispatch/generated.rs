@@ -514,10 +514,14 @@ mod tests {
         let b = backend();
         // Dense fast mode: 4·B·H·Sq rounded up to 16, then the f32 dQ accumulator.
         let p = Problem::dense(ElemType::Bf16, 72, 3, 5, 5, 33, 40, SM90).with_grad();
-        let dpad = fast_plan(&p).head_dim_qk_padded as u64;
+        let fp = fast_plan(&p);
+        let dpad = fp.head_dim_qk_padded as u64;
         let dsum = (4 * 3 * 5 * 33u64).next_multiple_of(16);
         assert_eq!(dsum, 1984);
-        let kernel = 3 * 33 * 5 * dpad * 4;
+        // The accumulator: per head, 3·33 rows rounded up to whole dQ tiles.
+        let g = fp.bwd.as_ref().unwrap().dq_tile_rows as u64;
+        assert!(g > 1);
+        let kernel = (3 * 33u64).next_multiple_of(g) * 5 * dpad * 4;
         assert_eq!(
             b.bwd_workspace(&p).unwrap(),
             BwdWorkspace {
@@ -534,10 +538,12 @@ mod tests {
         );
         // THD: Dsum is [H, total_q]; the accumulator covers total_q rows.
         let t = Problem::thd(ElemType::F16, 64, 4, 8, 2, (100, 250), (120, 300), SM90).with_grad();
-        let dpad = fast_plan(&t).head_dim_qk_padded as u64;
+        let ft = fast_plan(&t);
+        let dpad = ft.head_dim_qk_padded as u64;
+        let g = ft.bwd.as_ref().unwrap().dq_tile_rows as u64;
         assert_eq!(
             b.workspace_bytes(Direction::Bwd, &t) as u64,
-            (4 * 8 * 250u64).next_multiple_of(16) + 250 * 8 * dpad * 4
+            (4 * 8 * 250u64).next_multiple_of(16) + 250u64.next_multiple_of(g) * 8 * dpad * 4
         );
         // Nothing to plan: 0, and the reason as a typed error.
         let mut f32p = p;

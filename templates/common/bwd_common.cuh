@@ -3,7 +3,7 @@
 // the per-score gradient, sequence geometry, accumulator stores, and the row
 // kernels _pre (Dsum = rowsum(dO * O), zero dq_accum) and, in fast mode,
 // _dq_convert. The including template defines D_QK, D_V, DQK, ROW_WARPS,
-// MASK_KIND, IS_THD, SOFTCAP and DETERMINISTIC first.
+// DQ_G, MASK_KIND, IS_THD, SOFTCAP and DETERMINISTIC first.
 
 #define POS_INF (__int_as_float(0x7f800000))
 constexpr float LOG2E = 1.4426950408889634f;
@@ -76,6 +76,35 @@ __device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], { %1, %2 };\n" :: "l"(addr), "f"(a), "f"(b) : "memory");
 }
 #endif
+
+// ---- the fast-mode f32 dQ accumulator (layout: BwdPlan::dq_tile_rows) ---------
+// Tokens in groups of DQ_G; per group, per query head, the columns in blocks
+// of 8: [token / DQ_G][h][c / 8][token % DQ_G][c % 8]. The host mirror is
+// `launch_bwd::dq_acc_index`. dq_acc_at(p, token, h) + dq_acc_col(c) is an
+// element's place; 8-column blocks are DQ_COL_STEP floats apart, and the 8
+// columns of one block are contiguous. Tokens are below 2^31 (the launcher
+// checks), so the token arithmetic is unsigned 32-bit. DQ_G is 0 in
+// deterministic mode (no accumulator).
+constexpr unsigned DQ_T = DQ_G > 0 ? DQ_G : 1;
+constexpr int DQ_COL_STEP = DQ_T * 8;
+
+__device__ __forceinline__ float* dq_acc_at(const BwdParams& p, long long token, int h) {
+    const unsigned tk = (unsigned)token;
+    return p.dq_accum + ((long long)(tk / DQ_T) * p.heads_q + h) * ((long long)DQ_T * DQK) + (tk % DQ_T) * 8;
+}
+
+__device__ __forceinline__ int dq_acc_col(int c) {
+    return (c / 8) * DQ_COL_STEP + c % 8;
+}
+
+// The same pointer, opaque to the compiler: the reductions then address their
+// column blocks as immediate offsets from it, instead of the compiler splitting
+// it into a per-tile part and per-thread 64-bit parts that it hoists out of the
+// query loop (one register pair per reduction: the wgmma backward spilled).
+__device__ __forceinline__ float* opaque_ptr(float* ptr) {
+    asm("mov.b64 %0, %0;" : "+l"(ptr));
+    return ptr;
+}
 
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
@@ -289,11 +318,11 @@ extern "C" __global__ void __launch_bounds__(ROW_WARPS * 32)
     acc = warp_sum(acc);
     if (lane == 0) p.dsum[b * p.lse_sb + h * p.lse_sh + i] = acc;
     if constexpr (!DETERMINISTIC) {
-        float* z = p.dq_accum + ((long long)row * p.heads_q + h) * DQK;
+        float* z = dq_acc_at(p, row, h);
         for (int c = lane * 8; c < DQK; c += 256) {
             const f32x4 zero = { 0.f, 0.f, 0.f, 0.f };
-            *reinterpret_cast<f32x4*>(z + c) = zero;
-            *reinterpret_cast<f32x4*>(z + c + 4) = zero;
+            *reinterpret_cast<f32x4*>(z + dq_acc_col(c)) = zero;
+            *reinterpret_cast<f32x4*>(z + dq_acc_col(c) + 4) = zero;
         }
     }
 }
@@ -312,11 +341,11 @@ extern "C" __global__ void __launch_bounds__(ROW_WARPS * 32)
         b = row / p.seqlen_q;
         i = row % p.seqlen_q;
     }
-    const float* src = p.dq_accum + ((long long)row * p.heads_q + h) * DQK;
+    const float* src = dq_acc_at(p, row, h);
     elem_t* dst = p.dq + b * p.dq_sb + (long long)i * p.dq_ss + h * p.dq_sh;
     for (int c = lane * 8; c < D_QK; c += 256) {
-        const f32x4 x = *reinterpret_cast<const f32x4*>(src + c);
-        const f32x4 y = *reinterpret_cast<const f32x4*>(src + c + 4);
+        const f32x4 x = *reinterpret_cast<const f32x4*>(src + dq_acc_col(c));
+        const f32x4 y = *reinterpret_cast<const f32x4*>(src + dq_acc_col(c) + 4);
         const float s = p.scale;
         u32x4 out;
         out.x = pack2(x.x * s, x.y * s);
