@@ -5,10 +5,11 @@
 # a subset, the same-run benchmark and the sm90a forward tile variants. Prints
 # one summary line per step; logs and reports go to $OUT (or ./gpu-results).
 #   usage: scripts/gpu-session.sh [steps...]   (default: bwd fwd py memcheck bench)
-#          steps: bwd fwd py memcheck bench tune tune90 trace90 trace80b trace80f phases ragged ncu80f ab
+#          steps: bwd fwd py memcheck bench inter tune tune90 trace90 trace80b trace80f phases ragged ncu80f ab
+#          (inter: the forward against the peers in interleaved rounds, one process; INTER_ARGS)
 #          (tune: the sm80 forward's tile shapes, `gpu_bench --tune`)
 # Limits (seconds) can be set by env: LIMIT_BWD LIMIT_FWD LIMIT_PY LIMIT_MEMCHECK
-# LIMIT_BENCH LIMIT_TUNE LIMIT_TUNE90 LIMIT_TRACE90 LIMIT_TRACE80B LIMIT_TRACE80F LIMIT_PHASES LIMIT_RAGGED LIMIT_NCU80F LIMIT_AB; ATTNFORGE_SANITIZE_CASES picks the memcheck subset.
+# LIMIT_BENCH LIMIT_INTER LIMIT_TUNE LIMIT_TUNE90 LIMIT_TRACE90 LIMIT_TRACE80B LIMIT_TRACE80F LIMIT_PHASES LIMIT_RAGGED LIMIT_NCU80F LIMIT_AB; ATTNFORGE_SANITIZE_CASES picks the memcheck subset.
 # AB_DIRS: the comma-separated cubin dirs of step ab (default .gpu/ab; scripts/ab-cubins.sh REV DIR).
 # Measured on the H200 (2026-12-03): bwd 45 s, fwd 225 s, py 70 s, memcheck
 # 12 s, bench 146 s (before the wgmma backward options got their columns:
@@ -42,6 +43,15 @@ run() {
   echo "$name: rc=$rc $(( $(date +%s) - s ))s (limit ${lim}s)$([ $rc -eq 124 ] && echo ' TIMED OUT')"
 }
 counts() { echo "  ok=$(grep -c '^ok' "$1") fail=$(grep -c '^FAIL' "$1")"; grep '^FAIL\|panicked' "$1" | head -n 8; }
+# The attnforge wheel from .gpu installed into a scratch site dir ($site), once.
+site=""
+wheel_site() {
+  [ -n "$site" ] && return 0
+  local whl; whl=$(ls .gpu/attnforge-*.whl 2>/dev/null | head -n 1)
+  [ -n "$whl" ] && python3 -c "import torch" 2>/dev/null || return 1
+  site=$(mktemp -d)
+  python3 -m pip install -q --no-deps --target "$site" "$whl" || { status=1; site=""; return 1; }
+}
 # Pack what is there so far (after every step, so that a call cut off at the
 # device tool's limit still brings back the steps that finished).
 pack() {
@@ -54,10 +64,7 @@ for step in "${steps[@]}"; do
     bwd) run gpu_bwd "${LIMIT_BWD:-200}" .gpu/gpu_bwd; counts "$out/gpu_bwd.log" ;;
     fwd) run gpu_fwd "${LIMIT_FWD:-360}" .gpu/gpu_fwd; counts "$out/gpu_fwd.log" ;;
     py)
-      whl=$(ls .gpu/attnforge-*.whl 2>/dev/null | head -n 1)
-      if [ -n "$whl" ] && python3 -c "import torch" 2>/dev/null; then
-        site=$(mktemp -d)
-        python3 -m pip install -q --no-deps --target "$site" "$whl" || status=1
+      if wheel_site; then
         # From /tmp, so that the source tree's python/attnforge cannot shadow the wheel.
         run pytest-gpu "${LIMIT_PY:-120}" bash -c "cd /tmp && PYTHONPATH='$site' python3 -m pytest \
           '$PWD/python/tests' -m gpu -q -rs -s -p no:cacheprovider"
@@ -79,6 +86,14 @@ for step in "${steps[@]}"; do
         echo "memcheck: skipped (no compute-sanitizer)"
       fi ;;
     bench) mkdir -p "$out/bench"; run gpu-bench "${LIMIT_BENCH:-300}" env OUT="$out/bench" scripts/gpu-bench.sh ;;
+    # The forward with the peers interleaved in one process (scripts/bench_interleaved.py).
+    inter)
+      if wheel_site; then
+        run interleaved "${LIMIT_INTER:-300}" env OUT="$out" PYTHONPATH="$site" python3 scripts/bench_interleaved.py ${INTER_ARGS:-}
+        grep '^|' "$out/interleaved.log" | head -n 30
+      else
+        echo "inter: skipped (no wheel in .gpu or no torch)"
+      fi ;;
     tune) run tune "${LIMIT_TUNE:-120}" .gpu/gpu_bench --tune ;;
     tune90) run tune90 "${LIMIT_TUNE90:-120}" .gpu/gpu_bench --tune90 ;;
     # Where the time goes: tracing builds of the sm90a forward (per-tile
