@@ -38,11 +38,13 @@ use super::problem::ProblemKey;
 /// every cell from 8k keys, 0.95-1.10x at 2k and 0.77-0.84x at 512: it ranks
 /// first for long keys ([`ProblemKey::long_keys`], the key's one size class)
 /// and between cuDNN and FA2 otherwise; elsewhere the forward is the sm80
-/// path (0.8-1.06x FA2) and ranks last. Our
-/// backward ranks between cuDNN and FA2 where the Hopper wgmma backward takes
-/// the problem (fast mode, equal head dims <= 128: 1.03-1.20x FA2 at d128,
-/// 0.96-1.15x at d64; 0.55-0.74x cuDNN) and last elsewhere (the sm80 path,
-/// 0.62-0.98x FA2, d256 0.67-0.95x).
+/// path (0.8-1.06x FA2) and ranks last. Our fast-mode backward ranks between
+/// cuDNN and FA2 on Hopper (H100, docs/benchmarks/2026-12-06-s31-bench.md,
+/// with the tiled dQ accumulator): the wgmma backward 1.04-1.40x FA2 at d64/d128
+/// (0.64-0.84x cuDNN), and the sm80 path, which takes d256 and what the wgmma
+/// backward declines, 1.06-1.20x FA2 at d256 and 1.01-1.33x at d64/d128 at
+/// every seqlen from 512. It ranks last in deterministic mode (not timed
+/// against the peers) and on other generations (measured on no device here).
 /// Ours still take what the others decline (softcap, sliding windows,
 /// bottom-right causal with seqlen_q != seqlen_k, deterministic backward,
 /// ...) and everything where no front end registers direct backends (Rust
@@ -70,7 +72,7 @@ pub const DEFAULT_RANKING: &[RankRow] = &[
     RankRow {
         direction: Direction::Bwd,
         min_major: 9,
-        when: wgmma_backward_takes,
+        when: fast_backward_on_hopper,
         order: &[TORCH_CUDNN, GENERATED, TORCH_FLASH],
     },
     RankRow {
@@ -103,11 +105,10 @@ fn long_keys_on_hopper(key: &ProblemKey) -> bool {
     key.long_keys && key.cc.major == 9
 }
 
-/// The planner would run this problem's backward on the Hopper wgmma
-/// template (`plan_bwd_sm90a` accepts its spec).
-fn wgmma_backward_takes(key: &ProblemKey) -> bool {
-    key.spec(Direction::Bwd)
-        .is_ok_and(|s| crate::plan::plan_bwd::plan_bwd_sm90a(&s).is_ok())
+/// A fast-mode (not deterministic) backward on a Hopper GPU, where both of
+/// our backward templates were measured ahead of FlashAttention-2.
+fn fast_backward_on_hopper(key: &ProblemKey) -> bool {
+    !key.deterministic && key.cc.major == 9
 }
 
 type Backends = Vec<Arc<dyn Backend>>;
