@@ -1330,7 +1330,8 @@ attnforge_bwd_bf16_d64_causal_br_thd_sm80(const BwdParams p) {
                     // session 15 a lane-pair shuffle formed 16-byte ones, whose
                     // SHFL/FSEL cost more than the extra requests). In the tiled
                     // accumulator (DQ_G = 8) a warp's 32 of them are 8 rows x 8
-                    // columns: 256 contiguous bytes.
+                    // columns: 256 contiguous bytes (two runs where the rows
+                    // straddle a tile: ragged batches, odd lengths).
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
