@@ -1286,9 +1286,6 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80(const BwdParams p) {
         if (warp < DV_WN * DV_WD)
             warp_gemm<DV_ROWS / 16, DV_COLS / 8, BLOCK_M / 16, false, true, false, QDO_SW>(acc_dv, sPa, PITCH_M, dv_r0,
                                                                                           sdOa, PITCH_DO, dv_c0, lane);
-        if (warp < DK_WN * DK_WD)
-            warp_gemm<DK_ROWS / 16, DK_COLS / 8, BLOCK_M / 16, false, true, false, QDO_SW>(acc_dk, sdSa, PITCH_M, dk_r0,
-                                                                                          sQa, PITCH_Q, dk_c0, lane);
         TRACE(EV_B_KV);
 
         // ---- dQ phase (fast mode): dq_accum += dS K, f32 reductions in global memory.
@@ -1352,6 +1349,11 @@ attnforge_bwd_bf16_d128_causal_br_dense_sm80(const BwdParams p) {
             }
         }
         TRACE(EV_B_DQ);
+        // dK after the dQ phase (the plan's dk_after_dq): its MMAs issue while
+        // the dQ reductions drain.
+        if (warp < DK_WN * DK_WD)
+            warp_gemm<DK_ROWS / 16, DK_COLS / 8, BLOCK_M / 16, false, true, false, QDO_SW>(acc_dk, sdSa, PITCH_M, dk_r0,
+                                                                                          sQa, PITCH_Q, dk_c0, lane);
         if (Q_STAGES == 1) {
             __syncthreads();                             // P^T, dS^T and the one Q/dO buffer are rewritten next
             if (it + 1 < n_iters) {
