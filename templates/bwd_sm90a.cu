@@ -148,6 +148,15 @@ __device__ __forceinline__ void pack_frags(unsigned (&a)[N / 16][4], const float
     }
 }
 
+// A pointer made opaque to the compiler (the dQ reductions' row pointer): the reductions then address their
+// column blocks as immediate offsets from it, instead of the compiler splitting
+// it into a per-tile part and per-thread 64-bit parts that it hoists out of the
+// query loop (one register pair per reduction: the wgmma backward spilled).
+__device__ __forceinline__ float* opaque_ptr(float* ptr) {
+    asm("mov.b64 %0, %0;" : "+l"(ptr));
+    return ptr;
+}
+
 // Where a block's walk over its n_mt query tiles starts (the plan's
 // walk_rotation): at the query tile on its own diagonal (the
 // one holding row n0), or at tile 0 where the keys outnumber the queries that

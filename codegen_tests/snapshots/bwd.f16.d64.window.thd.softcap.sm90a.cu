@@ -451,15 +451,6 @@ __device__ __forceinline__ int dq_acc_col(int c) {
     return (c / 8) * DQ_COL_STEP + c % 8;
 }
 
-// The same pointer, opaque to the compiler: the reductions then address their
-// column blocks as immediate offsets from it, instead of the compiler splitting
-// it into a per-tile part and per-thread 64-bit parts that it hoists out of the
-// query loop (one register pair per reduction: the wgmma backward spilled).
-__device__ __forceinline__ float* opaque_ptr(float* ptr) {
-    asm("mov.b64 %0, %0;" : "+l"(ptr));
-    return ptr;
-}
-
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
@@ -917,6 +908,15 @@ __device__ __forceinline__ void pack_frags(unsigned (&a)[N / 16][4], const float
         a[kk][2] = pack2(x[2 * kk + 1][0], x[2 * kk + 1][1]);
         a[kk][3] = pack2(x[2 * kk + 1][2], x[2 * kk + 1][3]);
     }
+}
+
+// A pointer made opaque to the compiler (the dQ reductions' row pointer): the reductions then address their
+// column blocks as immediate offsets from it, instead of the compiler splitting
+// it into a per-tile part and per-thread 64-bit parts that it hoists out of the
+// query loop (one register pair per reduction: the wgmma backward spilled).
+__device__ __forceinline__ float* opaque_ptr(float* ptr) {
+    asm("mov.b64 %0, %0;" : "+l"(ptr));
+    return ptr;
 }
 
 // Where a block's walk over its n_mt query tiles starts (the plan's

@@ -97,15 +97,6 @@ __device__ __forceinline__ int dq_acc_col(int c) {
     return (c / 8) * DQ_COL_STEP + c % 8;
 }
 
-// The same pointer, opaque to the compiler: the reductions then address their
-// column blocks as immediate offsets from it, instead of the compiler splitting
-// it into a per-tile part and per-thread 64-bit parts that it hoists out of the
-// query loop (one register pair per reduction: the wgmma backward spilled).
-__device__ __forceinline__ float* opaque_ptr(float* ptr) {
-    asm("mov.b64 %0, %0;" : "+l"(ptr));
-    return ptr;
-}
-
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
