@@ -145,19 +145,19 @@ pub struct BwdPlan {
     pub dq_tile_rows: u32,
 }
 
-/// Tokens per tile of the fast-mode dQ accumulator (`BwdPlan::dq_tile_rows`):
-/// the rows one reduction instruction of the template covers (8 in the sm80
-/// path's 8-byte reductions, 16 in the wgmma path's 16-byte ones). The wgmma
-/// backward of ragged specs without a mask keeps the plain layout (G = 1):
-/// with tiles its main kernel spills 4–16 B at d96/d128 (255 registers).
-fn dq_tile_rows(spec: &AttnSpec, template_rows: u32) -> u32 {
+/// Tokens per tile of the fast-mode dQ accumulator (`BwdPlan::dq_tile_rows`)
+/// of the template (`Template::BwdSm80` or `BwdSm90a`): the rows one
+/// reduction instruction covers (8 in the sm80 path's 8-byte reductions, 16 in
+/// the wgmma path's 16-byte ones). The wgmma backward of ragged specs without
+/// a mask keeps the plain layout (G = 1): with tiles its main kernel spills
+/// 4–16 B at d96/d128 (255 registers).
+fn dq_tile_rows(spec: &AttnSpec, template: Template) -> u32 {
     use crate::spec::{Layout, Mask};
-    if spec.deterministic {
-        0
-    } else if template_rows == 16 && spec.layout == Layout::Thd && spec.mask == Mask::None {
-        1
-    } else {
-        template_rows
+    match template {
+        _ if spec.deterministic => 0,
+        Template::BwdSm90a if spec.layout == Layout::Thd && spec.mask == Mask::None => 1,
+        Template::BwdSm90a => 16,
+        _ => 8,
     }
 }
 
@@ -625,7 +625,7 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
         ));
         (m, n, w, st, smem)
     } else {
-        reasons.push(dq_tiled_why(dq_tile_rows(spec, 8)));
+        reasons.push(dq_tiled_why(dq_tile_rows(spec, Template::BwdSm80)));
         (0, 0, 0, 0, 0)
     };
     reasons.push(
@@ -695,7 +695,7 @@ fn plan_padded(spec: &AttnSpec, pad: u32, forced: Option<BwdTiles>, not_wgmma: O
         dk_in_dq,
         qdo_swizzle,
         walk_rotation: false,
-        dq_tile_rows: dq_tile_rows(spec, 8),
+        dq_tile_rows: dq_tile_rows(spec, Template::BwdSm80),
     };
     Some(KernelPlan {
         spec: *spec,
@@ -836,7 +836,7 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<Ker
             _ => "with each warpgroup over its own kv rows",
         }
     ));
-    reasons.push(dq_tiled_why(dq_tile_rows(spec, 16)));
+    reasons.push(dq_tiled_why(dq_tile_rows(spec, Template::BwdSm90a)));
     reasons.push(
         "GQA: each block loops over the query heads of its kv head, so dK/dV need no workspace and no atomics".into(),
     );
@@ -868,7 +868,7 @@ pub fn plan_bwd_sm90a_with(spec: &AttnSpec, opts: Sm90aBwdOptions) -> Result<Ker
         dk_in_dq: false,
         qdo_swizzle: false,
         walk_rotation: walk_rotation(spec),
-        dq_tile_rows: dq_tile_rows(spec, 16),
+        dq_tile_rows: dq_tile_rows(spec, Template::BwdSm90a),
     };
     Ok(KernelPlan {
         spec: *spec,
