@@ -612,6 +612,12 @@ pub enum Variant {
     /// has three under a causal mask, block_n 64 at d256 causal, block_n 128
     /// at d128 without a mask.
     ShortKeys,
+    /// The sm80 instruction path ([`plan_sm80_path`]) where the planner takes
+    /// the wgmma templates (sm90a): asked for by name only (the opt-in
+    /// `generated-sm80` backend, `attnforge compile --path sm80`), never
+    /// chosen per call. Specs whose main plan is already on that path have
+    /// no such variant.
+    Sm80Path,
 }
 
 /// The longest keys (dense `seqlen_k`, ragged maximum) that take
@@ -634,6 +640,7 @@ impl Variant {
         match self {
             Variant::Main => "",
             Variant::ShortKeys => ".short",
+            Variant::Sm80Path => ".sm80path",
         }
     }
 }
@@ -702,6 +709,11 @@ pub fn variants(spec: &AttnSpec) -> impl Iterator<Item = Variant> {
 pub fn plan_variant(spec: &AttnSpec, variant: Variant) -> Result<Option<KernelPlan>, PlanError> {
     match variant {
         Variant::Main => plan(spec).map(Some),
+        Variant::Sm80Path => {
+            let main = plan(spec)?;
+            let p = plan_sm80_path(spec)?;
+            Ok((p.template != main.template).then_some(p))
+        }
         Variant::ShortKeys => Ok(short_keys_tiles_why(spec).map(|(tiles, why)| {
             let main = default_sm90a_tiles(spec);
             let mut p = plan_fwd_sm90a_with(spec, tiles);
@@ -715,6 +727,15 @@ pub fn plan_variant(spec: &AttnSpec, variant: Variant) -> Result<Option<KernelPl
             );
             p
         })),
+    }
+}
+
+/// The plan a call of `variant` runs: the variant's, else (a spec without
+/// that variant) the main plan.
+pub fn plan_or_main(spec: &AttnSpec, variant: Variant) -> Result<KernelPlan, PlanError> {
+    match plan_variant(spec, variant)? {
+        Some(p) => Ok(p),
+        None => plan(spec),
     }
 }
 
@@ -1677,6 +1698,35 @@ mod tests {
         // A spec that fails validation fails here too, with the planner's error.
         let bad = AttnSpec::fwd(DType::Bf16, 300, Mask::None, Layout::Dense, Arch::Sm90a);
         assert_eq!(plan_sm80_path(&bad).unwrap_err(), plan(&bad).unwrap_err());
+    }
+
+    #[test]
+    fn the_sm80_path_variant_exists_only_where_the_planner_takes_another_template() {
+        for (s, has) in [
+            ("fwd.bf16.d128.none.dense.sm90a", true),
+            ("bwd.bf16.d64.causal-br.dense.sm90a", true),
+            ("fwd.bf16.d128.none.dense.sm80", false),
+            ("bwd.f16.d256.none.thd.sm80", false),
+        ] {
+            let spec: AttnSpec = s.parse().unwrap();
+            let v = plan_variant(&spec, Variant::Sm80Path).unwrap();
+            assert_eq!(v.is_some(), has, "{s}");
+            let p = plan_or_main(&spec, Variant::Sm80Path).unwrap();
+            assert!(
+                matches!(p.template, Template::FwdSm80 | Template::BwdSm80),
+                "{s}: {:?}",
+                p.template
+            );
+            assert_eq!(p, plan_sm80_path(&spec).unwrap(), "{s}");
+            // Never chosen per call, never prebuilt.
+            assert_ne!(Variant::for_keys(&spec, 512), Variant::Sm80Path);
+            assert!(!variants(&spec).any(|v| v == Variant::Sm80Path), "{s}");
+        }
+        let bad = AttnSpec::fwd(DType::Bf16, 300, Mask::None, Layout::Dense, Arch::Sm90a);
+        assert_eq!(
+            plan_variant(&bad, Variant::Sm80Path).unwrap_err(),
+            plan(&bad).unwrap_err()
+        );
     }
 
     #[test]

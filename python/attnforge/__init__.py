@@ -12,7 +12,9 @@ The PyTorch front end is :mod:`attnforge.torch` (``scaled_dot_product_attention`
 
 Policy: ``ATTNFORGE_BACKEND_FWD`` / ``ATTNFORGE_BACKEND_BWD`` (comma lists of
 ``generated``, ``torch-flash``, ``torch-cudnn``), ``ATTNFORGE_DEBUG=1`` (one
-stderr line per distinct decision), or :func:`set_policy`.
+stderr line per distinct decision), ``ATTNFORGE_GENERATED_PATH=sm80`` (the
+generated kernels on the sm80 instruction path on Hopper too), or
+:func:`set_policy`.
 """
 
 from __future__ import annotations
@@ -81,10 +83,14 @@ def backends() -> list:
     return list(_core.backends())
 
 
-def set_policy(fwd: Optional[str] = None, bwd: Optional[str] = None, debug: bool = False) -> None:
+def set_policy(fwd: Optional[str] = None, bwd: Optional[str] = None, debug: bool = False,
+               generated_path: Optional[str] = None) -> None:
     """Restrict and order the backends per direction (comma lists; ``None`` or
-    ``"auto"`` = the default ranking). Replaces the environment's policy."""
-    _core.set_policy(fwd, bwd, debug)
+    ``"auto"`` = the default ranking). ``generated_path``: ``"planner"`` (the
+    default: the planner's template for the device) or ``"sm80"`` (the
+    generated kernels on the sm80 instruction path, ``mma.sync``, on Hopper
+    too; for comparing the paths). Replaces the environment's policy."""
+    _core.set_policy(fwd, bwd, debug, generated_path)
 
 
 def policy() -> str:

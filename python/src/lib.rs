@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use attnforge::dispatch::context::ContextError;
 use attnforge::dispatch::{
     BwdCall, ComputeCapability, DirDecision, DispatchError, Dispatcher, ElemType, FwdCall, FwdContext,
-    GeneratedBackend, Policy, Problem, Support, Verdict, Workspace, GENERATED,
+    GeneratedBackend, GeneratedPath, Policy, Problem, Support, Verdict, Workspace, GENERATED,
 };
 use attnforge::launch::{self, LaunchError, LoadedKernel, TensorArg};
 use attnforge::launch_bwd;
@@ -537,7 +537,7 @@ impl FwdLaunch {
             })?;
         backend.call_fwd(call, &self.support)?;
         // The variant the dispatcher took for this call (by its keys' length).
-        let variant = GeneratedBackend::fwd_variant(call, &self.spec);
+        let variant = GeneratedBackend::fwd_variant_on(&dispatcher().policy().generated_path, call, &self.spec);
         if let Some(kernel) = Jit::global().memo_get_variant(&self.spec, variant) {
             if let (Ok(loaded), Some(ctx)) = (launch::load(&kernel), current_context()) {
                 if let Ok(mut g) = self.loaded.lock() {
@@ -720,7 +720,8 @@ impl BwdLaunch {
                 direction: Direction::Bwd,
             })?;
         backend.call_bwd(call, ctx, &self.support)?;
-        if let Some(kernel) = Jit::global().memo_get(&self.spec) {
+        let variant = GeneratedBackend::bwd_variant_on(&dispatcher().policy().generated_path);
+        if let Some(kernel) = Jit::global().memo_get_variant(&self.spec, variant) {
             if let (Ok(loaded), Some(c)) = (launch::load(&kernel), current_context()) {
                 if let Ok(mut g) = self.loaded.lock() {
                     *g = Some((c, loaded));
@@ -1052,16 +1053,22 @@ fn backends() -> Vec<&'static str> {
 }
 
 /// Set the policy: comma lists of backend names per direction (`None` or
-/// "auto" = the default ranking), and the debug log switch.
+/// "auto" = the default ranking), the debug log switch, and the generated
+/// backend's instruction path (`planner` or `sm80`).
 #[pyfunction]
-#[pyo3(signature = (fwd=None, bwd=None, debug=false))]
-fn set_policy(fwd: Option<&str>, bwd: Option<&str>, debug: bool) -> PyResult<()> {
+#[pyo3(signature = (fwd=None, bwd=None, debug=false, generated_path=None))]
+fn set_policy(fwd: Option<&str>, bwd: Option<&str>, debug: bool, generated_path: Option<&str>) -> PyResult<()> {
     guarded(|| {
         let d = dispatcher();
+        let path = GeneratedPath::parse(generated_path.unwrap_or("planner"));
+        if let GeneratedPath::Invalid(v) = &path {
+            return Err(value_error(format!("unknown generated path `{v}` (planner or sm80)")));
+        }
         let policy = Policy::auto()
             .with_fwd(fwd.unwrap_or("auto"))
             .with_bwd(bwd.unwrap_or("auto"))
-            .with_debug(debug);
+            .with_debug(debug)
+            .with_generated_path(path);
         for list in [&policy.fwd, &policy.bwd].into_iter().flatten() {
             for name in &list.names {
                 if d.backend(name).is_none() {

@@ -109,6 +109,27 @@ def test_policy_per_direction():
     assert attnforge.policy() == "fwd=auto bwd=auto"
 
 
+def test_the_generated_path_policy_moves_hopper_kernels_to_the_sm80_templates():
+    kw = dict(dtype="bf16", head_dim=128, causal=True, requires_grad=True, arch="sm90a")
+    attnforge.set_policy(fwd="generated", bwd="generated", generated_path="sm80")
+    assert attnforge.policy() == "fwd=generated (policy) bwd=generated (policy) generated-path=sm80"
+    text = attnforge.explanation(**kw)
+    assert "[template fwd_sm80.cu" in text and "[template bwd_sm80.cu" in text, text
+    assert "sm90a.cu" not in text, text
+    # The sm80 backward's workspace (its dQ accumulator tiles), not the wgmma one's.
+    ws = dict(dtype="bf16", head_dim=64, batch=2, heads=4, seqlen_q=100, seqlen_k=100, arch="sm90a")
+    sm80_ws = _core.bwd_workspace_bytes(_problem.problem_from_kwargs(**ws))
+    attnforge.set_policy(fwd="generated", bwd="generated")
+    text = attnforge.explanation(**kw)
+    assert "[template fwd_sm90a.cu" in text and "[template bwd_sm90a.cu" in text, text
+    wgmma_ws = _core.bwd_workspace_bytes(_problem.problem_from_kwargs(**ws))
+    assert sm80_ws != wgmma_ws, (sm80_ws, wgmma_ws)
+    with pytest.raises(ValueError, match="unknown generated path `sm75`"):
+        attnforge.set_policy(generated_path="sm75")
+    attnforge.set_policy()
+    assert attnforge.policy() == "fwd=auto bwd=auto"
+
+
 def test_bad_problems_are_value_errors():
     with pytest.raises(ValueError, match="multiple of heads_kv"):
         attnforge.decide(heads=6, kv_heads=4)

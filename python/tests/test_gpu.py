@@ -122,6 +122,21 @@ def test_generated_both_directions_match_math_f64(dtype, is_causal, gqa, layout,
         range(3), key=lambda i: -q.stride(i)), "O is laid out like q"
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_the_sm80_path_policy_matches_math_f64(is_causal, d):
+    """``generated_path="sm80"``: the sm80 templates on this device (on Hopper
+    in place of the wgmma ones), forward and backward, eager fast path."""
+    need_generated()
+    attnforge.set_policy(fwd=OURS_FIRST, bwd=OURS_FIRST, generated_path="sm80")
+    b, h, s = 2, 4, 333
+    text = attnforge.explanation(dtype="bf16", head_dim=d, heads=h, seqlen_q=s, seqlen_k=s, causal=is_causal,
+                                 requires_grad=True, arch=_arch())
+    assert "[template fwd_sm80.cu" in text and "[template bwd_sm80.cu" in text, text
+    q, k, v = (make(b, h, s, d, torch.bfloat16) for _ in range(3))
+    check_against_math(q, k, v, torch.bfloat16, is_causal=is_causal)
+
+
 def test_scale_and_head_dim_v():
     need_generated()
     q, k = make(1, 4, 100, 64, torch.bfloat16), make(1, 4, 120, 64, torch.bfloat16)

@@ -17,6 +17,7 @@ use crate::spec::{AttnSpec, Direction, Layout, Mask};
 
 use super::context::{FwdContext, LseKind, RngState};
 use super::error::DispatchError;
+use super::policy::Policy;
 use super::problem::{ComputeCapability, ElemType, Problem, ProblemKey};
 
 /// Who executes a backend's kernels.
@@ -132,6 +133,11 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn name(&self) -> &'static str;
 
     fn kind(&self) -> BackendKind;
+
+    /// Told the dispatcher's policy when registered and on every policy
+    /// change, before any decision under it (the generated backend keeps its
+    /// instruction path from it).
+    fn apply_policy(&self, _policy: &Policy) {}
 
     /// Pure: whether this backend takes the problem in this direction, or the
     /// one-line reason it declines.

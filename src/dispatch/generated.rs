@@ -9,6 +9,11 @@
 //! arch, 9.0 → sm90a); which template serves it (today the sm80 template for
 //! both paths) is the planner's business and shows in `explain`.
 //!
+//! The policy's [`GeneratedPath`] (`ATTNFORGE_GENERATED_PATH=sm80`) makes
+//! every kernel of this backend the spec's [`Variant::Sm80Path`] (the sm80
+//! instruction path on Hopper too); an invalid value declines every problem
+//! with the reason.
+//!
 //! Backward: `launch_bwd` on a forward context from any backend whose LSE
 //! layout matches ours (every dense context; packed THD). The scratch memory
 //! is one caller-allocated workspace ([`GeneratedBackend::bwd_workspace`]):
@@ -25,11 +30,12 @@ use cudarc::driver::{result, sys};
 use crate::jit::{CompiledKernel, Jit};
 use crate::launch::{self, FwdArgs, FwdParams, FwdProblem, LaunchDims, LaunchError, LoadedKernel};
 use crate::launch_bwd::{self, BwdArgs, WORKSPACE_ALIGN};
-use crate::plan::{plan, KernelPlan, Variant};
+use crate::plan::{plan_or_main, KernelPlan, Variant};
 use crate::spec::{AttnSpec, Direction, Layout};
 
 use super::backend::{Backend, BackendKind, Caps, Support, ALL_MASKS};
 use super::context::{ContextError, FwdContext, LseKind, LseLayout};
+use super::policy::{GeneratedPath, Policy};
 use super::problem::{ComputeCapability as Cc, ElemType, Problem, ProblemKey};
 use super::{BwdCall, DispatchError, FwdCall};
 
@@ -100,6 +106,8 @@ pub struct GeneratedBackend {
     /// instead of `launch::load`'s context and device queries.
     loaded: RwLock<LoadedMap>,
     driver_ready: AtomicBool,
+    /// From the dispatcher's policy ([`Backend::apply_policy`]).
+    path: RwLock<GeneratedPath>,
 }
 
 impl std::fmt::Debug for GeneratedBackend {
@@ -116,6 +124,7 @@ impl GeneratedBackend {
             jit: Some(jit),
             loaded: RwLock::new(HashMap::new()),
             driver_ready: AtomicBool::new(false),
+            path: RwLock::new(GeneratedPath::Planner),
         }
     }
 
@@ -125,11 +134,38 @@ impl GeneratedBackend {
             jit: None,
             loaded: RwLock::new(HashMap::new()),
             driver_ready: AtomicBool::new(false),
+            path: RwLock::new(GeneratedPath::Planner),
         }
     }
 
     pub fn jit(&self) -> &'static Jit {
         self.jit.unwrap_or_else(Jit::global)
+    }
+
+    /// The instruction path this backend's kernels take (the policy's).
+    pub fn path(&self) -> GeneratedPath {
+        self.path.read().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    /// The variant of a backward this backend runs.
+    pub fn bwd_variant(&self) -> Variant {
+        Self::bwd_variant_on(&self.path())
+    }
+
+    /// The variant of a backward on `path` (pure).
+    pub fn bwd_variant_on(path: &GeneratedPath) -> Variant {
+        if *path == GeneratedPath::Sm80 {
+            Variant::Sm80Path
+        } else {
+            Variant::Main
+        }
+    }
+
+    fn plan_error(spec: &AttnSpec, e: crate::PlanError) -> DispatchError {
+        DispatchError::Build {
+            spec: spec.to_string(),
+            message: e.to_string(),
+        }
     }
 
     /// The launch arguments of a call.
@@ -178,15 +214,13 @@ impl GeneratedBackend {
         }
     }
 
-    /// The plan of `spec`: from the jit memo when compiled, else planned (pure).
-    fn plan_of(&self, spec: &AttnSpec) -> Result<KernelPlan, DispatchError> {
-        if let Some(k) = self.jit().memo_get(spec) {
+    /// The plan of `spec`'s `variant`: from the jit memo when compiled, else
+    /// planned (pure).
+    fn plan_of(&self, spec: &AttnSpec, variant: Variant) -> Result<KernelPlan, DispatchError> {
+        if let Some(k) = self.jit().memo_get_variant(spec, variant) {
             return Ok(k.plan.clone());
         }
-        plan(spec).map_err(|e| DispatchError::Build {
-            spec: spec.to_string(),
-            message: e.to_string(),
-        })
+        plan_or_main(spec, variant).map_err(|e| Self::plan_error(spec, e))
     }
 
     /// The workspace split of a backward of `p` (no GPU, no compile).
@@ -198,7 +232,7 @@ impl GeneratedBackend {
                 direction: Direction::Bwd,
                 reasons: vec![(GENERATED, reason)],
             })?;
-        let plan = self.plan_of(&spec)?;
+        let plan = self.plan_of(&spec, self.bwd_variant())?;
         let lse_len = LseLayout::for_problem(LseKind::natural(p.layout), p).map_or(0, |l| l.len());
         let fp = FwdProblem {
             batch: p.batch,
@@ -276,16 +310,27 @@ impl GeneratedBackend {
             })
     }
 
-    /// The variant of `spec`'s forward that a call of these shapes takes
-    /// ([`Variant::for_keys`]: by the keys' length).
-    pub fn fwd_variant(call: &FwdCall, spec: &AttnSpec) -> Variant {
-        Variant::for_keys(spec, call.problem.seqlen_k)
+    /// The variant of `spec`'s forward that a call of these shapes takes:
+    /// [`Variant::Sm80Path`] on the policy's sm80 path, else
+    /// [`Variant::for_keys`] (by the keys' length).
+    pub fn fwd_variant(&self, call: &FwdCall, spec: &AttnSpec) -> Variant {
+        Self::fwd_variant_on(&self.path(), call, spec)
+    }
+
+    /// [`GeneratedBackend::fwd_variant`] on `path` (pure; front ends that
+    /// hold the backend as a `dyn Backend` ask it with the dispatcher's policy).
+    pub fn fwd_variant_on(path: &GeneratedPath, call: &FwdCall, spec: &AttnSpec) -> Variant {
+        if *path == GeneratedPath::Sm80 {
+            Variant::Sm80Path
+        } else {
+            Variant::for_keys(spec, call.problem.seqlen_k)
+        }
     }
 
     /// Everything before the launch: kernel lookup and `launch::check_fwd`.
     /// Needs no GPU (the hot-path benchmark times it).
     pub fn prepare_fwd(&self, call: &FwdCall, spec: &AttnSpec) -> Result<PreparedFwd, DispatchError> {
-        let kernel = self.kernel_variant(spec, Self::fwd_variant(call, spec))?;
+        let kernel = self.kernel_variant(spec, self.fwd_variant(call, spec))?;
         let launch = launch::check_fwd(&kernel.plan, &Self::fwd_args(call))?;
         Ok(PreparedFwd { kernel, launch })
     }
@@ -329,15 +374,30 @@ impl Backend for GeneratedBackend {
         BackendKind::Generated
     }
 
+    fn apply_policy(&self, policy: &Policy) {
+        if let Ok(mut p) = self.path.write() {
+            *p = policy.generated_path.clone();
+        }
+    }
+
     fn supports(&self, direction: Direction, key: &ProblemKey) -> Result<Support, String> {
         if direction == Direction::Bwd {
             if let Some(reason) = BWD_UNAVAILABLE {
                 return Err(reason.into());
             }
         }
+        let variant = match self.path() {
+            GeneratedPath::Planner => Variant::Main,
+            GeneratedPath::Sm80 => Variant::Sm80Path,
+            GeneratedPath::Invalid(v) => {
+                return Err(format!(
+                    "ATTNFORGE_GENERATED_PATH / the policy's generated path is `{v}`: not `planner` or `sm80`"
+                ))
+            }
+        };
         GENERATED_CAPS.check(key, direction)?;
         let spec = key.spec(direction)?;
-        let plan = plan(&spec).map_err(|e| e.reason)?;
+        let plan = plan_or_main(&spec, variant).map_err(|e| e.reason)?;
         Ok(Support {
             spec: Some(spec),
             note: Some(format!(
@@ -365,15 +425,12 @@ impl Backend for GeneratedBackend {
         })?;
         let ctx = FwdContext::new(self, call)?;
         let args = Self::fwd_args(call);
-        let variant = Self::fwd_variant(call, &spec);
+        let variant = self.fwd_variant(call, &spec);
         let kernel = match self.jit().memo_get_variant(&spec, variant) {
             Some(k) => k,
             None => {
                 // First call: refuse bad arguments before compiling or touching the driver.
-                let plan = plan(&spec).map_err(|e| DispatchError::Build {
-                    spec: spec.to_string(),
-                    message: e.to_string(),
-                })?;
+                let plan = plan_or_main(&spec, variant).map_err(|e| Self::plan_error(&spec, e))?;
                 launch::check_fwd(&plan, &args)?;
                 self.kernel_variant(&spec, variant)?
             }
@@ -409,14 +466,15 @@ impl Backend for GeneratedBackend {
                 reason: "the device gather kernel for LSE conversion is not written yet".into(),
             }));
         }
-        let kernel = match self.jit().memo_get(&spec) {
+        let variant = self.bwd_variant();
+        let kernel = match self.jit().memo_get_variant(&spec, variant) {
             Some(k) => k,
             None => {
                 // First call: refuse bad arguments before compiling or touching the driver.
-                let plan = self.plan_of(&spec)?;
+                let plan = self.plan_of(&spec, variant)?;
                 let (args, ws, ws_bytes) = Self::bwd_args(call, ctx, &plan)?;
                 launch_bwd::check_bwd(&plan, &args, ws, ws_bytes)?;
-                self.kernel(&spec)?
+                self.kernel_variant(&spec, variant)?
             }
         };
         let (args, ws, ws_bytes) = Self::bwd_args(call, ctx, &kernel.plan)?;
@@ -441,6 +499,7 @@ impl Backend for GeneratedBackend {
 mod tests {
     use super::*;
     use crate::launch::TensorArg;
+    use crate::plan::plan;
     use crate::spec::Mask;
 
     use super::super::Workspace;

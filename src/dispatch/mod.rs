@@ -31,7 +31,7 @@ pub use direct::{DirectBackend, TORCH_CUDNN, TORCH_FLASH};
 pub use error::{DispatchError, Rejection};
 pub use generated::{GeneratedBackend, GENERATED};
 pub use heuristics::{Chosen, Decision, DirDecision, Ranked, Verdict};
-pub use policy::Policy;
+pub use policy::{GeneratedPath, Policy};
 pub use problem::{ComputeCapability, ElemType, Problem, ProblemError, ProblemKey, LONG_KEYS};
 
 use crate::spec::Direction;
@@ -97,6 +97,7 @@ impl Dispatcher {
     }
 
     fn push(&self, b: Arc<dyn Backend>) {
+        b.apply_policy(&self.policy());
         if let Ok(mut v) = self.backends.write() {
             v.push(b);
         }
@@ -115,6 +116,7 @@ impl Dispatcher {
             if v.iter().any(|x| x.name() == b.name()) {
                 return Err(DispatchError::DuplicateBackend { name: b.name() });
             }
+            b.apply_policy(&self.policy());
             v.push(b);
         }
         self.clear_memo();
@@ -144,6 +146,11 @@ impl Dispatcher {
 
     /// Replace the policy (decisions are recomputed).
     pub fn set_policy(&self, policy: Policy) {
+        if let Ok(v) = self.backends.read() {
+            for b in v.iter() {
+                b.apply_policy(&policy);
+            }
+        }
         if let Ok(mut p) = self.policy.write() {
             *p = policy;
         }

@@ -8,6 +8,7 @@
 //! | `ATTNFORGE_BACKEND_FWD` | `generated` or `torch-flash,torch-cudnn` | only these, in this order, for the forward |
 //! | `ATTNFORGE_BACKEND_BWD` | same                                    | same for the backward |
 //! | `ATTNFORGE_DEBUG`       | `1`                                      | log each decision once per distinct problem to stderr |
+//! | `ATTNFORGE_GENERATED_PATH` | `planner` (default) or `sm80`         | `sm80`: the generated backend runs the sm80 instruction path (`fwd_sm80.cu`, `bwd_sm80.cu`) where the planner takes the wgmma templates (Hopper): for comparing the paths, or to avoid a template |
 //!
 //! Empty, `auto` or `default` means no policy (the default ranking).
 //! Reading the environment is the only I/O here, and it happens once, at the
@@ -20,6 +21,43 @@ use crate::spec::Direction;
 pub const ENV_BACKEND_FWD: &str = "ATTNFORGE_BACKEND_FWD";
 pub const ENV_BACKEND_BWD: &str = "ATTNFORGE_BACKEND_BWD";
 pub const ENV_DEBUG: &str = "ATTNFORGE_DEBUG";
+pub const ENV_GENERATED_PATH: &str = "ATTNFORGE_GENERATED_PATH";
+
+/// Which instruction path the generated backend's kernels take.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum GeneratedPath {
+    /// The planner's template for the device (wgmma on Hopper).
+    #[default]
+    Planner,
+    /// The sm80 instruction path (`mma.sync`, `cp.async`) on every arch
+    /// ([`crate::plan::Variant::Sm80Path`]).
+    Sm80,
+    /// A value that names neither: the generated backend declines every
+    /// problem and says why (never a silent fallback).
+    Invalid(String),
+}
+
+impl GeneratedPath {
+    /// `planner`, `auto`, `default` or empty; `sm80`; anything else is kept
+    /// as [`GeneratedPath::Invalid`].
+    pub fn parse(text: &str) -> GeneratedPath {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" | "default" | "planner" => GeneratedPath::Planner,
+            "sm80" => GeneratedPath::Sm80,
+            _ => GeneratedPath::Invalid(text.trim().to_string()),
+        }
+    }
+}
+
+impl fmt::Display for GeneratedPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GeneratedPath::Planner => f.write_str("planner"),
+            GeneratedPath::Sm80 => f.write_str("sm80"),
+            GeneratedPath::Invalid(v) => write!(f, "`{v}` (invalid)"),
+        }
+    }
+}
 
 /// An ordered list of backend names and where it came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +107,8 @@ pub struct Policy {
     pub bwd: Option<PolicyList>,
     /// Log each decision once per distinct problem.
     pub debug: bool,
+    /// The generated backend's instruction path.
+    pub generated_path: GeneratedPath,
 }
 
 impl Policy {
@@ -97,6 +137,7 @@ impl Policy {
             fwd: list(ENV_BACKEND_FWD),
             bwd: list(ENV_BACKEND_BWD),
             debug,
+            generated_path: get(ENV_GENERATED_PATH).map_or(GeneratedPath::Planner, |v| GeneratedPath::parse(&v)),
         }
     }
 
@@ -117,6 +158,12 @@ impl Policy {
         self
     }
 
+    /// The generated backend's instruction path (see [`GeneratedPath::parse`]).
+    pub fn with_generated_path(mut self, path: GeneratedPath) -> Policy {
+        self.generated_path = path;
+        self
+    }
+
     pub fn for_direction(&self, d: Direction) -> Option<&PolicyList> {
         match d {
             Direction::Fwd => self.fwd.as_ref(),
@@ -128,7 +175,11 @@ impl Policy {
 impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let show = |l: &Option<PolicyList>| l.as_ref().map_or("auto".to_string(), |l| format!("{l} ({})", l.origin));
-        write!(f, "fwd={} bwd={}", show(&self.fwd), show(&self.bwd))
+        write!(f, "fwd={} bwd={}", show(&self.fwd), show(&self.bwd))?;
+        if self.generated_path != GeneratedPath::Planner {
+            write!(f, " generated-path={}", self.generated_path)?;
+        }
+        Ok(())
     }
 }
 
@@ -172,5 +223,23 @@ mod tests {
         assert_eq!(p.fwd.as_ref().unwrap().origin, "policy");
         assert!(p.bwd.is_none());
         assert_eq!(p.to_string(), "fwd=torch-flash (policy) bwd=auto");
+    }
+
+    #[test]
+    fn the_generated_path_parses_and_shows_only_when_not_the_planner() {
+        for (v, want) in [
+            ("", GeneratedPath::Planner),
+            ("Planner", GeneratedPath::Planner),
+            ("auto", GeneratedPath::Planner),
+            (" SM80 ", GeneratedPath::Sm80),
+            ("sm90", GeneratedPath::Invalid("sm90".into())),
+        ] {
+            let p = Policy::from_vars(vars(&[("ATTNFORGE_GENERATED_PATH", v)]));
+            assert_eq!(p.generated_path, want, "{v:?}");
+        }
+        assert_eq!(Policy::auto().generated_path, GeneratedPath::Planner);
+        let p = Policy::auto().with_generated_path(GeneratedPath::Sm80);
+        assert_eq!(p.to_string(), "fwd=auto bwd=auto generated-path=sm80");
+        assert_eq!(Policy::auto().to_string(), "fwd=auto bwd=auto");
     }
 }

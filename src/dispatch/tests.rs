@@ -564,6 +564,65 @@ fn short_keys_take_the_short_keys_variant_where_the_spec_has_one() {
         let spec = p.key().spec(Direction::Fwd).unwrap();
         let t = TensorArg::bshd(0x10000, s as i64, 16, d as i64);
         let call = FwdCall::new(p, t, t, t, t, 0x90000);
-        assert_eq!(GeneratedBackend::fwd_variant(&call, &spec), want, "{spec} s={s}");
+        assert_eq!(
+            GeneratedBackend::global().fwd_variant(&call, &spec),
+            want,
+            "{spec} s={s}"
+        );
     }
+}
+
+#[test]
+fn the_policy_s_sm80_path_moves_every_generated_kernel_to_the_sm80_templates() {
+    use crate::plan::Variant;
+    let d = torch(Policy::auto().with_generated_path(GeneratedPath::Sm80));
+    let gen = d.backend("generated").unwrap();
+    for (d_head, mask, s) in [(128, Mask::None, 2048), (64, Mask::CausalBottomRight, 512)] {
+        let p = Problem::dense(ElemType::Bf16, d_head, 2, 16, 16, s, s, SM90)
+            .with_mask(mask)
+            .with_grad();
+        let dec = d.decide_problem(&p).unwrap();
+        for (side, template) in [(&dec.fwd, "fwd_sm80.cu"), (&dec.bwd, "bwd_sm80.cu")] {
+            let row = side.ranked.iter().find(|r| r.backend == "generated").unwrap();
+            let note = row.support.as_ref().unwrap().note.clone().unwrap();
+            assert!(note.contains(template), "{note}");
+        }
+        let spec = p.key().spec(Direction::Fwd).unwrap();
+        let t = TensorArg::bshd(0x10000, s as i64, 16, d_head as i64);
+        let call = FwdCall::new(p, t, t, t, t, 0x90000);
+        let b = GeneratedBackend::global();
+        b.apply_policy(&d.policy());
+        assert_eq!(b.fwd_variant(&call, &spec), Variant::Sm80Path);
+        assert_eq!(b.bwd_variant(), Variant::Sm80Path);
+        // The sm80 backward's workspace (dQ accumulator in 8-row tiles), not
+        // the wgmma backward's.
+        let bwd_spec = p.key().spec(Direction::Bwd).unwrap();
+        let sm80 = crate::plan::plan_sm80_path(&bwd_spec).unwrap();
+        let fp = crate::launch::FwdProblem {
+            batch: 2,
+            heads_q: 16,
+            seqlen_q: s,
+            total_q: 0,
+            ..Default::default()
+        };
+        let want = generated::BwdWorkspace::new(&sm80, &fp, 2 * 16 * s as usize).total();
+        assert_eq!(gen.workspace_bytes(Direction::Bwd, &p) as u64, want);
+    }
+    // Back to the planner: the wgmma templates again, decided afresh.
+    d.set_policy(Policy::auto());
+    let dec = d.decide_problem(&dense(128)).unwrap();
+    let row = dec.fwd.ranked.iter().find(|r| r.backend == "generated").unwrap();
+    assert!(row
+        .support
+        .as_ref()
+        .unwrap()
+        .note
+        .as_ref()
+        .unwrap()
+        .contains("fwd_sm90a.cu"));
+    // A value that names no path: the generated backend declines, and says why.
+    d.set_policy(Policy::auto().with_generated_path(GeneratedPath::parse("sm75")));
+    let dec = d.decide_problem(&dense(128)).unwrap();
+    assert!(rejected_reason(&dec.fwd, "generated").contains("`sm75`"));
+    assert_ne!(dec.fwd.chosen().unwrap().name(), "generated");
 }
