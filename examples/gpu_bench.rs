@@ -90,6 +90,28 @@ impl Drop for Events {
     }
 }
 
+/// The rows of a balanced Latin square (Williams) for `n` modules: over the
+/// rows each module runs right after every other one equally often (`n` rows
+/// for even `n`, `2n` for odd).
+fn williams(n: usize) -> Vec<Vec<usize>> {
+    let mut first = vec![0];
+    let (mut lo, mut hi) = (1, n.saturating_sub(1));
+    while first.len() < n {
+        first.push(lo);
+        lo += 1;
+        if first.len() < n {
+            first.push(hi);
+            hi -= 1;
+        }
+    }
+    let mut rows: Vec<Vec<usize>> = (0..n).map(|r| first.iter().map(|x| (x + r) % n).collect()).collect();
+    if n % 2 == 1 {
+        let rev: Vec<Vec<usize>> = rows.iter().map(|r| r.iter().rev().copied().collect()).collect();
+        rows.extend(rev);
+    }
+    rows
+}
+
 /// Median milliseconds of one launch of `f`, timed as `triton.testing.do_bench`
 /// times the peers in scripts/gpu_bench.py: every launch after a 256 MB write
 /// that evicts L2, between its own pair of events; the launch count from a
@@ -242,8 +264,10 @@ fn time_sm80_path(spec: &AttnSpec, planned: &attnforge::CompiledKernel, fa: &Fwd
 
 /// Time tile-shape variants per head dim (tuning; `--tune`), each in both
 /// block orders, at seqlen 2k and 8k (`ATTNFORGE_TUNE_S=2048,8192`; 16k
-/// tokens per head dim, so b = 16384 / s). The variants of one problem are
-/// timed in interleaved rounds (`ATTNFORGE_TUNE_ROUNDS`, default 3) and the
+/// tokens per head dim, so b = 16384 / s; `ATTNFORGE_TUNE_D` narrows the head
+/// dims). The variants of one problem are timed in interleaved rounds
+/// (`ATTNFORGE_TUNE_ROUNDS`, default 3; each round's order from a balanced
+/// Latin square, `williams`) and the
 /// line reports the median with every round: one variant after another drifts
 /// with the clock by a few percent on this path.
 fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
@@ -260,7 +284,8 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
         .copied()
         .unwrap_or(3)
         .max(1);
-    for d in [64usize, 128, 256] {
+    // ATTNFORGE_TUNE_D: a comma list narrowing the head dims.
+    for d in env_list("ATTNFORGE_TUNE_D", &[64, 128, 256]) {
         let h = 2048 / d;
         // Built once per head dim and mask (the seqlen is a launch argument).
         for causal in [false, true] {
@@ -285,8 +310,10 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
                 let (_buffers, fa) = fwd_problem(b, h, s, d, rng);
                 let flops = 4.0 * (b * h * s * s * d) as f64 * if causal { 0.5 } else { 1.0 };
                 let mut tf = vec![Vec::new(); built.len()];
-                for _ in 0..rounds {
-                    for (i, (_, _, lk)) in built.iter().enumerate() {
+                let square = williams(built.len());
+                for round in 0..rounds {
+                    for &i in &square[round % square.len()] {
+                        let lk = &built[i].2;
                         // SAFETY: buffers sized for the problem.
                         let ms = time_ms(
                             || unsafe { launch::launch_fwd(lk, &fa, std::ptr::null_mut()).expect("launch") },
@@ -1273,8 +1300,9 @@ fn ab_file(dir: &str, spec: &AttnSpec, file: &str) -> String {
 /// the bench's ragged THD problem from a fixed draw of lengths, each cubin built
 /// from another tree and launched with that tree's plan (`{cubin}.plan.json`
 /// beside it; this tree's plan where it is missing). Every module is timed as
-/// the peers are, in five interleaved rounds on the same inputs, each round
-/// starting at the next module; the median per module.
+/// the peers are, in interleaved rounds on the same inputs (at least five,
+/// the modules of each in a balanced Latin square's order); the median per
+/// module.
 fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
     launch::ensure_context(0).expect("context");
     // The planner's kernel and each dir's cubin of the same plan under `file`.
@@ -1324,12 +1352,15 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
             })
             .collect::<Vec<_>>()
     };
-    // Five interleaved rounds, each starting at the next module (the clocks
-    // are highest at a cell's start); TFLOP/s per round per module.
+    // Interleaved rounds, TFLOP/s per round per module. The modules of a round in a balanced Latin square's order (`williams`):
+    // a kernel's clocks depend on what ran just before it, so every module
+    // follows every other equally often (a cyclic order puts the same one
+    // before it every round; session 32).
     let rounds = |n: usize, run: &mut dyn FnMut(usize), flops: f64| {
         let mut figures = vec![Vec::new(); n];
-        for round in 0..5 {
-            for i in (0..n).map(|j| (j + round) % n) {
+        let square = williams(n);
+        for round in 0..square.len().max(5) {
+            for &i in &square[round % square.len()] {
                 let ms = time_ms(|| run(i), 5.0, 25.0);
                 figures[i].push(flops / ms / 1e9);
             }

@@ -1,19 +1,30 @@
 """Forward bench with the peers interleaved: attnforge's planner kernel (through
-the torch front end, `ATTNFORGE_BACKEND_FWD=generated`), torch SDPA's flash
+the torch front end, `ATTNFORGE_BACKEND_FWD=generated`), the same problem on
+the sm80 instruction path (the policy's `generated_path="sm80"`: the
+mma.sync template, issue 3's kernel, on Hopper), torch SDPA's flash
 (FlashAttention-2) and cuDNN backends, timed in alternating rounds on the same
 inputs in one process, so that clock and temperature drift between the
 modules cancels out of the ratios (`make gpu-bench` times ours in the Rust
 binary first and the peers afterwards).
 
 Per config: ROUNDS rounds, each timing every module once (triton's do_bench,
-median of its repetitions), each round starting at the next module; the
-figure is the median over the rounds, and the spread (min-max over rounds) is
-reported beside it. Standard sweep: d 64/128/256 x seqlen 512/2k/8k/16k x
+median of its repetitions); the figure is the median over the rounds, and the
+spread (min-max over rounds) is reported beside it. The order of the modules
+in a round comes from a balanced Latin square (Williams): over a square's
+rows every module runs right after every other module equally often. A
+kernel's clocks depend on what ran just before it (a module that follows one
+at the power limit starts slower), and session 32 measured a cyclic order
+(each round starting at the next module, the same neighbour before every
+module every round) putting the sm80 path 7-10% under its own figure in a
+gpu_bench A/B among modules of its own power. The JSON keeps, per figure,
+the module that ran before it. Standard sweep: d 64/128/256 x seqlen 512/2k/8k/16k x
 causal or not, batch x seqlen = 16k tokens, heads x d = 2048, bf16.
 
 Runs on the GPU machine with the attnforge wheel importable (session step
-`inter`, scripts/gpu-session.sh). Writes $OUT/interleaved.{md,json}.
-  usage: bench_interleaved.py [--rounds N] [--seqs 2048,8192] [--dims 128,256]
+`inter`, scripts/gpu-session.sh; also the last step of `make gpu-bench`).
+Writes $OUT/interleaved.{md,json,png}.
+  usage: bench_interleaved.py [--rounds N] [--seqs 2048,8192] [--dims 128,256] [--no-sm80]
+                              [--only sm80_path,torch-flash] [--causal no|yes]
 """
 import datetime
 import json
@@ -28,6 +39,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
+import attnforge  # noqa: E402
 import attnforge.torch as aft  # noqa: E402
 
 
@@ -37,9 +49,14 @@ def arg(name, default):
     return default
 
 
-ROUNDS = int(arg("--rounds", "5"))
+ROUNDS = int(arg("--rounds", "8"))
 SEQS = tuple(int(x) for x in arg("--seqs", "512,2048,8192,16384").split(","))
 DIMS = tuple(int(x) for x in arg("--dims", "64,128,256").split(","))
+SM80 = "--no-sm80" not in sys.argv
+ONLY = [n.strip().replace("_", " ") for n in arg("--only", "").split(",") if n.strip()]  # sm80_path = "sm80 path"
+CAUSAL = {"no": (False,), "yes": (True,)}.get(arg("--causal", ""), (False, True))
+# The policy each of our modules runs under (set before its timing and its check).
+POLICY = {"attnforge": dict(fwd="generated"), "sm80 path": dict(fwd="generated", generated_path="sm80")}
 out = os.environ.get("OUT") or os.path.join(os.getcwd(), "gpu-results")
 os.makedirs(out, exist_ok=True)
 dev = torch.device("cuda")
@@ -59,14 +76,18 @@ def modules(q, k, v, causal):
 
         return run
 
-    mods = {
-        "attnforge": lambda: aft.scaled_dot_product_attention(q, k, v, is_causal=causal),
-        "torch-flash": peer(SDPBackend.FLASH_ATTENTION),
-        "torch-cudnn": peer(SDPBackend.CUDNN_ATTENTION),
-    }
+    ours = lambda: aft.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+    mods = {"attnforge": ours}
+    if SM80:
+        mods["sm80 path"] = ours
+    mods["torch-flash"] = peer(SDPBackend.FLASH_ATTENTION)
+    mods["torch-cudnn"] = peer(SDPBackend.CUDNN_ATTENTION)
     ref = mods["torch-flash"]().float()
+    if ONLY:
+        mods = {n: f for n, f in mods.items() if n in ONLY}
     for name, fn in list(mods.items()):
         try:
+            use(name)
             o = fn().float()
             err = ((o - ref).norm() / ref.norm()).item()
             if not err < 2e-2:  # NaN fails too
@@ -77,23 +98,50 @@ def modules(q, k, v, causal):
     return mods
 
 
+def williams(n):
+    """A balanced Latin square's rows for n modules: each module follows every
+    other one equally often over the rows (n rows for even n, 2n for odd)."""
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + r) % n for x in first] for r in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return rows
+
+
+def use(name):
+    """Set the policy of one of our modules (the peers need none)."""
+    if name in POLICY:
+        attnforge.set_policy(**POLICY[name])
+
+
 def main():
     started = datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC")
     rows = []
     for d in DIMS:
         for s in SEQS:
-            for causal in (False, True):
+            for causal in CAUSAL:
                 b, h = max(1, 16384 // s), 2048 // d
                 q, k, v = (torch.randn(b, h, s, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
                 mods = modules(q, k, v, causal)
                 names = list(mods)
                 figures = {n: [] for n in names}
+                after = {n: [] for n in names}              # the module timed right before each figure
+                square, prev = williams(len(names)), None
                 for r in range(ROUNDS):
-                    for i in range(len(names)):
-                        n = names[(i + r) % len(names)]
+                    for i in square[r % len(square)]:
+                        n = names[i]
+                        use(n)
                         ms = do_bench(mods[n], warmup=10, rep=40, return_mode="median")
                         figures[n].append(flops(b, h, s, d, causal) / ms / 1e9)
-                row = {"d": d, "s": s, "b": b, "h": h, "causal": causal, "rounds": figures,
+                        after[n].append(prev)
+                        prev = n
+                row = {"d": d, "s": s, "b": b, "h": h, "causal": causal, "rounds": figures, "after": after,
                        "median": {n: statistics.median(f) for n, f in figures.items()}}
                 rows.append(row)
                 med = row["median"]
@@ -101,8 +149,48 @@ def main():
                       + "  ".join(f"{n} {med[n]:6.1f}" for n in names), flush=True)
                 del q, k, v
     meta = {"date": started, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "cudnn": torch.backends.cudnn.version(), "rounds": ROUNDS}
+            "cudnn": torch.backends.cudnn.version(), "rounds": ROUNDS, "order": "williams"}
     json.dump({"meta": meta, "rows": rows}, open(os.path.join(out, "interleaved.json"), "w"), indent=1)
+    table = report(meta, rows)
+    open(os.path.join(out, "interleaved.md"), "w").write(table + "\n")
+    print(table)
+    plot(meta, rows, os.path.join(out, "interleaved.png"))
+
+
+def plot(meta, rows, path):
+    """Ratios per config: the planner's kernel against cuDNN (issue 4), the sm80
+    path against FlashAttention-2 (issue 3); the 1.0 line."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # no matplotlib on this machine: the tables stand alone
+        print("plot skipped:", e)
+        return
+    labels = [f"d{r['d']} s{r['s']}{' c' if r['causal'] else ''}" for r in rows]
+    x = list(range(len(rows)))
+
+    def ratios(ours, peer):
+        return [r["median"][ours] / r["median"][peer] if ours in r["median"] and peer in r["median"] else 0
+                for r in rows]
+
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.45), 4.5))
+    w = 0.38
+    ax.bar([i - w / 2 for i in x], ratios("attnforge", "torch-cudnn"), w, label="attnforge / cuDNN")
+    ax.bar([i + w / 2 for i in x], ratios("sm80 path", "torch-flash"), w, label="sm80 path / FA2")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("ratio of medians (bf16 fwd)")
+    ax.set_title(f"{meta['device']}, interleaved ({meta['rounds']} balanced rounds), {meta['date']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def report(meta, rows):
+    """The markdown table of a run (meta and rows as in interleaved.json)."""
+    started = meta["date"]
 
     def cell(row, n):
         f = row["rounds"].get(n)
@@ -110,22 +198,39 @@ def main():
             return "n/a"
         return f"{statistics.median(f):.0f} ({min(f):.0f}-{max(f):.0f})"
 
-    def ratio(row, n):
+    def ratio(row, n, ours="attnforge"):
         m = row["median"]
-        return f"{m['attnforge'] / m[n]:.2f}x" if "attnforge" in m and n in m else "n/a"
+        return f"{m[ours] / m[n]:.2f}x" if ours in m and n in m else "n/a"
 
     lines = [f"Forward, bf16, {meta['device']}, torch {meta['torch']}, cuDNN {meta['cudnn']}, measured {started}.",
-             f"Interleaved: {ROUNDS} rounds per config, each timing every module once (median of do_bench's "
-             "repetitions), each round starting at the next module; TFLOP/s median over the rounds (min-max).", "",
-             "| d | seqlen | batch x heads | causal | attnforge | torch-flash (FA2) | torch-cudnn | vs FA2 | vs cuDNN |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"Interleaved: {meta['rounds']} rounds per config, each timing every module once (median of do_bench's "
+             "repetitions), the modules of a round in a balanced Latin square's order (each module after every "
+             "other equally often); TFLOP/s median over the rounds (min-max).", "",
+             "attnforge = the planner's kernel; sm80 path = the mma.sync template on the same problem "
+             "(`set_policy(generated_path=\"sm80\")`).", "",
+             "| d | seqlen | batch x heads | causal | attnforge | sm80 path | torch-flash (FA2) | torch-cudnn "
+             "| vs FA2 | vs cuDNN | sm80 path vs FA2 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['d']} | {r['s']} | {r['b']} x {r['h']} | {'yes' if r['causal'] else 'no'} | "
-                     f"{cell(r, 'attnforge')} | {cell(r, 'torch-flash')} | {cell(r, 'torch-cudnn')} | "
-                     f"{ratio(r, 'torch-flash')} | {ratio(r, 'torch-cudnn')} |")
-    table = "\n".join(lines)
-    open(os.path.join(out, "interleaved.md"), "w").write(table + "\n")
-    print(table)
+                     f"{cell(r, 'attnforge')} | {cell(r, 'sm80 path')} | {cell(r, 'torch-flash')} | "
+                     f"{cell(r, 'torch-cudnn')} | {ratio(r, 'torch-flash')} | {ratio(r, 'torch-cudnn')} | "
+                     f"{ratio(r, 'torch-flash', 'sm80 path')} |")
+    # Carry-over: each module's figure after each other module, relative to
+    # its median in the same config, then the median over the configs.
+    mods_all = [n for n in ("attnforge", "sm80 path", "torch-flash", "torch-cudnn") if any(n in r["rounds"] for r in rows)]
+    lines += ["", "What ran before (each module's figure right after another, relative to its median in the same "
+              "config; median over the configs):", "",
+              "| module | " + " | ".join(f"after {n}" for n in mods_all) + " |",
+              "|---|" + "---|" * len(mods_all)]
+    for m in mods_all:
+        cells = []
+        for before in mods_all:
+            rel = [f / r["median"][m] for r in rows if m in r["rounds"]
+                   for f, a in zip(r["rounds"][m], r["after"][m]) if a == before]
+            cells.append(f"{statistics.median(rel):.3f} ({len(rel)})" if rel else "-")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
