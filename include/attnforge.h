@@ -24,7 +24,9 @@
  *    [heads_q, total_q], contiguous (attnforge_fwd_context says which).
  *  - Text outputs are NUL-terminated and truncated to the buffer.
  *  - Policy from the environment: ATTNFORGE_BACKEND_FWD / ATTNFORGE_BACKEND_BWD
- *    (comma lists, preference order), ATTNFORGE_DEBUG=1 (log each decision once).
+ *    (comma lists, preference order), ATTNFORGE_DEBUG=1 (log each decision once),
+ *    ATTNFORGE_GENERATED_PATH=sm80 (the generated kernels on the sm80 instruction
+ *    path on Hopper too; default: the planner's template).
  */
 #ifndef ATTNFORGE_H
 #define ATTNFORGE_H

@@ -16,7 +16,7 @@
 //! (`ATTNFORGE_ERR_TRUNCATED` says so).
 //!
 //! The C ABI uses [`Dispatcher::global`]: the generated backend, the policy
-//! from `ATTNFORGE_BACKEND_FWD/BWD`, `ATTNFORGE_DEBUG`.
+//! from `ATTNFORGE_BACKEND_FWD/BWD`, `ATTNFORGE_DEBUG`, `ATTNFORGE_GENERATED_PATH`.
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void};

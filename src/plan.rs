@@ -356,18 +356,25 @@ fn fwd_tiles_with_reason(spec: &AttnSpec) -> (FwdTiles, &'static str) {
         m_tiles_per_warp,
         block_n,
         stages,
-        // FlashAttention-2's (and the sm90a forward's) head-major order stays
-        // an option here: timed in session 26 (H100, same-process A/B) at
-        // -4.0% to +5.3%, inside this path's spread, and with the causal
-        // phases within +-2% of this order (-6% at d256 8k).
-        head_major: false,
+        // FlashAttention-2's (and the sm90a forward's) head-major order, for
+        // dense problems without a mask at d > 64: session 32's tunes on an
+        // H100 (12 and 4 balanced rounds, one machine) put it at +5.0% /
+        // +7.5% at d128 2k, +1.9% / +1.8% at 8k, and d256 at +1% (2k) and
+        // +4% (8k), where the blocks in flight of the query-block-major
+        // order read every head's K and V from DRAM (a 58% L2 hit rate at
+        // d128 2k against FlashAttention-2's 87%, session 27). A same-process
+        // A/B on another machine the same day read d128 2k at -2.1%; session
+        // 26's at -4.0..+5.3%. Under masks the query-block-major order (the
+        // longest tiles of every head first) stays: -2..-4% head-major at
+        // d128 and d256 causal. d64: within +-3%, not changed.
+        head_major: spec.layout == Layout::Dense && spec.mask == Mask::None && dmax > 64,
     };
     (tiles, why)
 }
 
 /// The sm80-path forward's tile shapes that `gpu_bench --tune` times (each in
 /// both block orders) for a spec: the planner's shape first, then the
-/// alternatives for its head dim. The GPU suite checks every one for
+/// alternatives for its head dim (in the planner's block order). The GPU suite checks every one for
 /// correctness, so that a shape the tune favours can become the default
 /// without a kernel nobody ran.
 pub fn fwd_tile_candidates(spec: &AttnSpec) -> Vec<FwdTiles> {
@@ -383,7 +390,17 @@ pub fn fwd_tile_candidates(spec: &AttnSpec) -> Vec<FwdTiles> {
             (4, 2, 32, 2),
         ]
     } else {
-        &[(8, 1, 96, 1), (8, 1, 80, 1), (8, 1, 64, 1), (8, 1, 64, 2)]
+        // 4 x 1: block_m 64 with two blocks per SM on Hopper (FlashAttention-2's
+        // d256 shape), whose second block runs while the first is in its
+        // prologue or epilogue (session 32: 2k loses 5% of a block there).
+        &[
+            (8, 1, 96, 1),
+            (8, 1, 80, 1),
+            (8, 1, 64, 1),
+            (8, 1, 64, 2),
+            (4, 1, 64, 1),
+            (4, 1, 32, 1),
+        ]
     };
     let planner = default_fwd_tiles(spec);
     let mut out = vec![planner];
@@ -395,7 +412,7 @@ pub fn fwd_tile_candidates(spec: &AttnSpec) -> Vec<FwdTiles> {
                 m_tiles_per_warp,
                 block_n,
                 stages,
-                head_major: false,
+                head_major: planner.head_major,
             })
             .filter(|t| *t != planner),
     );
@@ -1263,6 +1280,28 @@ mod tests {
         let p = plan(&"fwd.bf16.d256.none.dense.sm80".parse().unwrap()).unwrap();
         assert_eq!(p.smem_pitch_qk, 264);
     }
+    #[test]
+    fn the_sm80_forward_runs_head_major_only_without_a_mask_past_d64_on_dense_tensors() {
+        use crate::spec::DType;
+        for arch in [Arch::Sm80, Arch::Sm90a] {
+            for d in [64u16, 96, 128, 192, 256] {
+                for mask in Mask::ALL.iter().copied() {
+                    for layout in [Layout::Dense, Layout::Thd] {
+                        let spec = AttnSpec::fwd(DType::Bf16, d, mask, layout, arch);
+                        let want = layout == Layout::Dense && mask == Mask::None && d > 64;
+                        let p = plan_fwd_sm80(&spec);
+                        assert_eq!(p.head_major, want, "{spec}");
+                        assert_eq!(
+                            p.reasons.iter().any(|r| r.starts_with("head-major block order")),
+                            want,
+                            "{spec}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_tune_candidates_start_with_the_planners_dense_shape() {
         use crate::spec::DType;
