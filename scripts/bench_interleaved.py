@@ -24,7 +24,11 @@ Runs on the GPU machine with the attnforge wheel importable (session step
 `inter`, scripts/gpu-session.sh; also the last step of `make gpu-bench`).
 Writes $OUT/interleaved.{md,json,png}.
   usage: bench_interleaved.py [--rounds N] [--seqs 2048,8192] [--dims 128,256] [--no-sm80]
-                              [--only sm80_path,torch-flash] [--causal no|yes]
+                              [--only sm80_path,torch-flash] [--causal no|yes] [--bwd]
+--bwd times the backward instead (dQ, dK, dV from one forward graph per module
+and round, `torch.autograd.grad(..., retain_graph=True)`; FLOPs = 2.5 x the
+forward's; ours run both directions on our kernels) and writes
+$OUT/interleaved-bwd.{md,json,png}.
 """
 import datetime
 import json
@@ -53,21 +57,34 @@ ROUNDS = int(arg("--rounds", "8"))
 SEQS = tuple(int(x) for x in arg("--seqs", "512,2048,8192,16384").split(","))
 DIMS = tuple(int(x) for x in arg("--dims", "64,128,256").split(","))
 SM80 = "--no-sm80" not in sys.argv
+BWD = "--bwd" in sys.argv
+NAME = "interleaved-bwd" if BWD else "interleaved"
 ONLY = [n.strip().replace("_", " ") for n in arg("--only", "").split(",") if n.strip()]  # sm80_path = "sm80 path"
 CAUSAL = {"no": (False,), "yes": (True,)}.get(arg("--causal", ""), (False, True))
 # The policy each of our modules runs under (set before its timing and its check).
-POLICY = {"attnforge": dict(fwd="generated"), "sm80 path": dict(fwd="generated", generated_path="sm80")}
+POLICY = {"attnforge": dict(fwd="generated", bwd="generated"),
+          "sm80 path": dict(fwd="generated", bwd="generated", generated_path="sm80")}
 out = os.environ.get("OUT") or os.path.join(os.getcwd(), "gpu-results")
 os.makedirs(out, exist_ok=True)
 dev = torch.device("cuda")
 
 
 def flops(b, h, s, d, causal):
-    return 4 * b * h * s * s * d * (0.5 if causal else 1.0)
+    return 4 * b * h * s * s * d * (0.5 if causal else 1.0) * (2.5 if BWD else 1.0)
 
 
-def modules(q, k, v, causal):
-    """name -> zero-argument forward, each checked once against torch's flash."""
+def timed(fwd, q, k, v, g):
+    """What a round times for one module: its forward, or (--bwd) a zero-argument
+    backward of a forward graph built here, outside the timing."""
+    if not BWD:
+        return fwd
+    out = fwd()
+    return lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True)
+
+
+def modules(q, k, v, causal, g=None):
+    """name -> zero-argument forward, each checked once against torch's flash
+    (with --bwd: its dQ against flash's)."""
 
     def peer(backend):
         def run():
@@ -82,13 +99,14 @@ def modules(q, k, v, causal):
         mods["sm80 path"] = ours
     mods["torch-flash"] = peer(SDPBackend.FLASH_ATTENTION)
     mods["torch-cudnn"] = peer(SDPBackend.CUDNN_ATTENTION)
-    ref = mods["torch-flash"]().float()
+    first = (lambda r: r[0] if BWD else r)  # noqa: E731
+    ref = first(timed(mods["torch-flash"], q, k, v, g)()).float()
     if ONLY:
         mods = {n: f for n, f in mods.items() if n in ONLY}
     for name, fn in list(mods.items()):
         try:
             use(name)
-            o = fn().float()
+            o = first(timed(fn, q, k, v, g)()).float()
             err = ((o - ref).norm() / ref.norm()).item()
             if not err < 2e-2:  # NaN fails too
                 raise RuntimeError(f"relative error {err:.3g} against torch-flash")
@@ -127,8 +145,10 @@ def main():
         for s in SEQS:
             for causal in CAUSAL:
                 b, h = max(1, 16384 // s), 2048 // d
-                q, k, v = (torch.randn(b, h, s, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
-                mods = modules(q, k, v, causal)
+                q, k, v = (torch.randn(b, h, s, d, device=dev, dtype=torch.bfloat16, requires_grad=BWD)
+                           for _ in range(3))
+                g = torch.randn(b, h, s, d, device=dev, dtype=torch.bfloat16) if BWD else None
+                mods = modules(q, k, v, causal, g)
                 names = list(mods)
                 figures = {n: [] for n in names}
                 after = {n: [] for n in names}              # the module timed right before each figure
@@ -137,7 +157,9 @@ def main():
                     for i in square[r % len(square)]:
                         n = names[i]
                         use(n)
-                        ms = do_bench(mods[n], warmup=10, rep=40, return_mode="median")
+                        fn = timed(mods[n], q, k, v, g)
+                        ms = do_bench(fn, warmup=10, rep=40, return_mode="median")
+                        del fn
                         figures[n].append(flops(b, h, s, d, causal) / ms / 1e9)
                         after[n].append(prev)
                         prev = n
@@ -147,14 +169,15 @@ def main():
                 med = row["median"]
                 print(f"d={d:<3} s={s:<5} causal={causal!s:<5} "
                       + "  ".join(f"{n} {med[n]:6.1f}" for n in names), flush=True)
-                del q, k, v
+                del q, k, v, g, mods
     meta = {"date": started, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "cudnn": torch.backends.cudnn.version(), "rounds": ROUNDS, "order": "williams"}
-    json.dump({"meta": meta, "rows": rows}, open(os.path.join(out, "interleaved.json"), "w"), indent=1)
+            "cudnn": torch.backends.cudnn.version(), "rounds": ROUNDS, "order": "williams",
+            "direction": "bwd" if BWD else "fwd"}
+    json.dump({"meta": meta, "rows": rows}, open(os.path.join(out, f"{NAME}.json"), "w"), indent=1)
     table = report(meta, rows)
-    open(os.path.join(out, "interleaved.md"), "w").write(table + "\n")
+    open(os.path.join(out, f"{NAME}.md"), "w").write(table + "\n")
     print(table)
-    plot(meta, rows, os.path.join(out, "interleaved.png"))
+    plot(meta, rows, os.path.join(out, f"{NAME}.png"))
 
 
 def plot(meta, rows, path):
@@ -181,7 +204,7 @@ def plot(meta, rows, path):
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(x)
     ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("ratio of medians (bf16 fwd)")
+    ax.set_ylabel(f"ratio of medians (bf16 {meta.get('direction', 'fwd')})")
     ax.set_title(f"{meta['device']}, interleaved ({meta['rounds']} balanced rounds), {meta['date']}")
     ax.legend()
     fig.tight_layout()
@@ -202,7 +225,9 @@ def report(meta, rows):
         m = row["median"]
         return f"{m[ours] / m[n]:.2f}x" if ours in m and n in m else "n/a"
 
-    lines = [f"Forward, bf16, {meta['device']}, torch {meta['torch']}, cuDNN {meta['cudnn']}, measured {started}.",
+    what = ("Backward (dQ, dK, dV; FLOPs = 2.5 x the forward's; ours: both directions on our kernels)"
+            if meta.get("direction") == "bwd" else "Forward")
+    lines = [f"{what}, bf16, {meta['device']}, torch {meta['torch']}, cuDNN {meta['cudnn']}, measured {started}.",
              f"Interleaved: {meta['rounds']} rounds per config, each timing every module once (median of do_bench's "
              "repetitions), the modules of a round in a balanced Latin square's order (each module after every "
              "other equally often); TFLOP/s median over the rounds (min-max).", "",

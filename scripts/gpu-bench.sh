@@ -25,15 +25,16 @@ if command -v nvidia-smi >/dev/null; then
 fi
 status=0
 PYTHONUNBUFFERED=1 python3 scripts/gpu_bench.py "$@" || status=$?
-# The forward against the peers in interleaved rounds, one process, balanced
-# order (scripts/bench_interleaved.py): the ratios issues 3 and 4 are read
-# from. Needs the wheel (.gpu/attnforge-*.whl, `make gpu-bundle`); skipped
+# The forward, then the backward, against the peers in interleaved rounds,
+# one process each, balanced order (scripts/bench_interleaved.py): the ratios
+# issues 3 and 4 are read from. Needs the wheel (.gpu/attnforge-*.whl, `make gpu-bundle`); skipped
 # with --quick.
 whl=$(ls .gpu/attnforge-*.whl 2>/dev/null | head -n 1 || true)
 if [ -n "$whl" ] && [ "${1:-}" != "--quick" ]; then
   wsite=$(mktemp -d)
   if python3 -m pip install -q --no-deps --target "$wsite" "$whl"; then
     (cd /tmp && PYTHONUNBUFFERED=1 PYTHONPATH="$wsite" python3 "$OLDPWD/scripts/bench_interleaved.py") || status=$?
+    (cd /tmp && PYTHONUNBUFFERED=1 PYTHONPATH="$wsite" python3 "$OLDPWD/scripts/bench_interleaved.py" --bwd) || status=$?
   else
     status=1
   fi

@@ -13,8 +13,8 @@
 # AB_DIRS: the comma-separated cubin dirs of step ab (default .gpu/ab; scripts/ab-cubins.sh REV DIR).
 # Measured on the H200 (2026-12-03): bwd 45 s, fwd 225 s, py 70 s, memcheck
 # 12 s, bench 146 s (before the wgmma backward options got their columns:
-# ~185 s on an H100 in session 31, and ~75 s more since session 32 for the
-# interleaved forward at its end), tune90 88 s; all default steps together are close to the
+# ~185 s on an H100 in session 31, and ~75 s + ~120 s more since session 32
+# for the interleaved forward and backward at its end), tune90 88 s; all default steps together are close to the
 # device tool's 600 s per call, so split them over two calls when steps grow
 # (e.g. `scripts/gpu-session.sh bwd fwd py memcheck`, then `bench tune90`).
 # The device tool brings back at most 8 files from $OUT, so with OUT set every
@@ -86,7 +86,7 @@ for step in "${steps[@]}"; do
       else
         echo "memcheck: skipped (no compute-sanitizer)"
       fi ;;
-    bench) mkdir -p "$out/bench"; run gpu-bench "${LIMIT_BENCH:-420}" env OUT="$out/bench" scripts/gpu-bench.sh ;;
+    bench) mkdir -p "$out/bench"; run gpu-bench "${LIMIT_BENCH:-560}" env OUT="$out/bench" scripts/gpu-bench.sh ;;
     # The forward with the peers interleaved in one process (scripts/bench_interleaved.py).
     inter)
       if wheel_site; then
