@@ -54,6 +54,12 @@ enum Cmd {
         /// No progress bar (also off when stderr is not a terminal).
         #[arg(long)]
         quiet: bool,
+        /// The kernels a process on this instruction path takes: `planner`
+        /// (each spec's plan and its short-keys variant) or `sm80` (the sm80
+        /// path's kernels, as `ATTNFORGE_GENERATED_PATH=sm80` runs them).
+        /// Default: `ATTNFORGE_GENERATED_PATH`, else `planner`.
+        #[arg(long, value_enum)]
+        generated_path: Option<GenPathArg>,
     },
     /// Compile one spec and write the CUDA source, PTX or CUBIN.
     Compile {
@@ -112,6 +118,29 @@ enum CacheCmd {
     },
     /// Print the writable cache root.
     Path,
+}
+
+/// `prebuild --generated-path` (the policy's `GeneratedPath`).
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum GenPathArg {
+    Planner,
+    Sm80,
+}
+
+impl GenPathArg {
+    /// The flag, else `ATTNFORGE_GENERATED_PATH` (an invalid value is an error), else `planner`.
+    fn resolve(flag: Option<GenPathArg>) -> Result<GenPathArg, String> {
+        use attnforge::dispatch::GeneratedPath;
+        if let Some(p) = flag {
+            return Ok(p);
+        }
+        let var = attnforge::dispatch::policy::ENV_GENERATED_PATH;
+        match std::env::var(var).map(|v| GeneratedPath::parse(&v)) {
+            Err(_) | Ok(GeneratedPath::Planner) => Ok(GenPathArg::Planner),
+            Ok(GeneratedPath::Sm80) => Ok(GenPathArg::Sm80),
+            Ok(GeneratedPath::Invalid(v)) => Err(format!("{var}=`{v}` is not `planner` or `sm80`")),
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -185,8 +214,15 @@ fn median_ms(mut v: Vec<f64>) -> Option<f64> {
     })
 }
 
-fn prebuild(arch: &[String], matrix_arg: &str, jobs: Option<usize>, quiet: bool) -> CliResult {
+fn prebuild(
+    arch: &[String],
+    matrix_arg: &str,
+    jobs: Option<usize>,
+    quiet: bool,
+    generated_path: Option<GenPathArg>,
+) -> CliResult {
     let archs = parse_archs(arch)?;
+    let path = GenPathArg::resolve(generated_path)?;
     let text = if matrix_arg == "default" {
         matrix::DEFAULT_MATRIX.to_string()
     } else {
@@ -194,8 +230,13 @@ fn prebuild(arch: &[String], matrix_arg: &str, jobs: Option<usize>, quiet: bool)
     };
     let specs = matrix::expand(&text, &archs).map_err(|e| format!("{matrix_arg}: {e}"))?;
     // Every kernel a call may take: the planner's, and the short-keys variant
-    // where the spec has one (chosen per call by the keys' length).
-    let kernels: Vec<(AttnSpec, Variant)> = specs.iter().flat_map(|s| variants(s).map(move |v| (*s, v))).collect();
+    // where the spec has one (chosen per call by the keys' length); on the
+    // sm80 path each spec's sm80-path kernel (its main one where the planner
+    // takes that path already, which the jit builds under Variant::Main).
+    let kernels: Vec<(AttnSpec, Variant)> = match path {
+        GenPathArg::Planner => specs.iter().flat_map(|s| variants(s).map(move |v| (*s, v))).collect(),
+        GenPathArg::Sm80 => specs.iter().map(|s| (*s, Variant::Sm80Path)).collect(),
+    };
     // Fail early, with the real reason, when NVRTC is missing.
     Nvrtc::get().map_err(|e| e.to_string())?;
     let jit = Jit::new(Cache::open(CacheConfig::from_env()));
@@ -260,9 +301,13 @@ fn prebuild(arch: &[String], matrix_arg: &str, jobs: Option<usize>, quiet: bool)
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| "<memory>".into());
     println!(
-        "prebuild: {} specs ({} kernels with the short-keys variants) for {} into {root}: {} compiled, {} cached, {} failed in {:.1}s ({} jobs); median compile {}",
+        "prebuild: {} specs ({} kernels{}) for {} into {root}: {} compiled, {} cached, {} failed in {:.1}s ({} jobs); median compile {}",
         specs.len(),
         kernels.len(),
+        match path {
+            GenPathArg::Planner => " with the short-keys variants",
+            GenPathArg::Sm80 => " on the sm80 instruction path",
+        },
         archs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(","),
         compiled.load(Ordering::Relaxed),
         cached.load(Ordering::Relaxed),
@@ -505,7 +550,8 @@ fn run(cli: Cli) -> CliResult {
             matrix,
             jobs,
             quiet,
-        } => prebuild(&arch, &matrix, jobs, quiet),
+            generated_path,
+        } => prebuild(&arch, &matrix, jobs, quiet, generated_path),
         Cmd::Compile {
             spec,
             emit,

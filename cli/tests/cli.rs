@@ -439,3 +439,61 @@ fn multi_line_errors_say_how_to_see_their_details() {
     let err = text(&out.stderr);
     assert!(err.lines().count() > 2 && err.contains("Searched"), "{err}");
 }
+
+#[test]
+fn prebuild_on_the_sm80_path_builds_what_that_policy_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("m.toml");
+    std::fs::write(&m, SMALL_MATRIX).unwrap();
+    let cache = tmp.path().join("cache");
+    let go = |flag: Option<&str>, env: Option<&str>| {
+        let mut c = bin();
+        c.args(["prebuild", "--arch", "sm90a", "--quiet", "--matrix"]).arg(&m);
+        if let Some(f) = flag {
+            c.args(["--generated-path", f]);
+        }
+        c.env("ATTNFORGE_CACHE_DIR", &cache).env_remove("ATTNFORGE_CACHE_PATH");
+        match env {
+            Some(v) => c.env("ATTNFORGE_GENERATED_PATH", v),
+            None => c.env_remove("ATTNFORGE_GENERATED_PATH"),
+        };
+        run(&mut c)
+    };
+    // A value that names no path: a clean error before anything compiles.
+    assert_clean_failure(&go(None, Some("sm75")), "is not `planner` or `sm80`");
+    if !nvrtc_available() {
+        return;
+    }
+    let out = go(Some("sm80"), None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("on the sm80 instruction path"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(summary_counts(&out), (3, 0, 0));
+    // The environment's path is the default: the same kernels, all hits.
+    let out = go(None, Some("sm80"));
+    assert_eq!(summary_counts(&out), (0, 3, 0), "{}", text(&out.stdout));
+    // They are the sm80 template's: each entry's shared memory is its
+    // sm80-path plan's, not the wgmma plan's.
+    let ls = text(&run(bin().args(["cache", "ls"]).env("ATTNFORGE_CACHE_DIR", &cache)).stdout);
+    assert!(ls.contains("3 entries"), "{ls}");
+    let smem = |spec: &str, path: &str| -> String {
+        let p = text(&run(bin().args(["plan", spec, "--path", path, "--json"])).stdout);
+        let v: serde_json::Value = serde_json::from_str(&p).unwrap();
+        v["smem_bytes"].to_string()
+    };
+    for spec in ["fwd.f16.d64.none.dense.sm90a", "fwd.f16.d64.causal-br.dense.sm90a"] {
+        let (sm80, wgmma) = (smem(spec, "sm80"), smem(spec, "planner"));
+        assert_ne!(sm80, wgmma, "{spec}");
+        let line = ls
+            .lines()
+            .find(|l| l.starts_with(spec))
+            .unwrap_or_else(|| panic!("{spec} not in {ls}"));
+        assert!(
+            line.split_whitespace().any(|w| w == sm80),
+            "{spec}: {line} (sm80-path smem {sm80})"
+        );
+    }
+}
