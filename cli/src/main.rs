@@ -536,6 +536,12 @@ fn doctor() -> CliResult {
     for w in cache.warnings() {
         println!("cache      warning: {w}");
     }
+    // The dispatch policy a process started here would take from the environment.
+    let policy = attnforge::dispatch::Policy::from_env();
+    println!("policy     {policy}");
+    if let attnforge::dispatch::GeneratedPath::Invalid(v) = &policy.generated_path {
+        println!("policy     warning: ATTNFORGE_GENERATED_PATH=`{v}` is not `planner` or `sm80`: the generated backend declines every problem");
+    }
     if problems > 0 {
         Err("NVRTC is required to compile kernels".into())
     } else {

@@ -497,3 +497,23 @@ fn prebuild_on_the_sm80_path_builds_what_that_policy_runs() {
         );
     }
 }
+
+#[test]
+fn doctor_shows_the_policy_from_the_environment() {
+    let out = run(bin()
+        .arg("doctor")
+        .env("ATTNFORGE_GENERATED_PATH", "sm80")
+        .env("ATTNFORGE_BACKEND_FWD", "generated")
+        .env_remove("ATTNFORGE_BACKEND_BWD"));
+    let s = text(&out.stdout);
+    assert!(
+        s.contains("policy     fwd=generated (ATTNFORGE_BACKEND_FWD) bwd=auto generated-path=sm80"),
+        "{s}"
+    );
+    let out = run(bin().arg("doctor").env("ATTNFORGE_GENERATED_PATH", "sm75"));
+    assert!(
+        text(&out.stdout).contains("is not `planner` or `sm80`"),
+        "{}",
+        text(&out.stdout)
+    );
+}
