@@ -229,6 +229,12 @@ pub fn plan(spec: &AttnSpec) -> Result<KernelPlan, PlanError> {
 /// and for timing changes to the sm80 path there (`attnforge compile --path
 /// sm80`). On sm90a the first reason names the planner's own template.
 pub fn plan_sm80_path(spec: &AttnSpec) -> Result<KernelPlan, PlanError> {
+    Ok(sm80_path_and_main(spec)?.0)
+}
+
+/// [`plan_sm80_path`]'s plan and whether the planner's own template differs
+/// (the spec then has a [`Variant::Sm80Path`]), planning the spec once.
+fn sm80_path_and_main(spec: &AttnSpec) -> Result<(KernelPlan, bool), PlanError> {
     let planned = plan(spec)?;
     let mut p = match spec.direction {
         Direction::Fwd => plan_fwd_sm80(spec),
@@ -237,7 +243,8 @@ pub fn plan_sm80_path(spec: &AttnSpec) -> Result<KernelPlan, PlanError> {
             reason: "no sm80-path backward tile shape fits this arch's shared memory and registers".into(),
         })?,
     };
-    if planned.template != p.template {
+    let differs = planned.template != p.template;
+    if differs {
         p.reasons.insert(
             0,
             format!(
@@ -247,7 +254,7 @@ pub fn plan_sm80_path(spec: &AttnSpec) -> Result<KernelPlan, PlanError> {
             ),
         );
     }
-    Ok(p)
+    Ok((p, differs))
 }
 
 /// Tile shape of the sm80 forward: warps per block, 16-row MMA tiles per
@@ -727,9 +734,8 @@ pub fn plan_variant(spec: &AttnSpec, variant: Variant) -> Result<Option<KernelPl
     match variant {
         Variant::Main => plan(spec).map(Some),
         Variant::Sm80Path => {
-            let main = plan(spec)?;
-            let p = plan_sm80_path(spec)?;
-            Ok((p.template != main.template).then_some(p))
+            let (p, differs) = sm80_path_and_main(spec)?;
+            Ok(differs.then_some(p))
         }
         Variant::ShortKeys => Ok(short_keys_tiles_why(spec).map(|(tiles, why)| {
             let main = default_sm90a_tiles(spec);
@@ -750,9 +756,13 @@ pub fn plan_variant(spec: &AttnSpec, variant: Variant) -> Result<Option<KernelPl
 /// The plan a call of `variant` runs: the variant's, else (a spec without
 /// that variant) the main plan.
 pub fn plan_or_main(spec: &AttnSpec, variant: Variant) -> Result<KernelPlan, PlanError> {
-    match plan_variant(spec, variant)? {
-        Some(p) => Ok(p),
-        None => plan(spec),
+    match variant {
+        // Where the planner takes the sm80 path itself, its plan is the main one.
+        Variant::Sm80Path => plan_sm80_path(spec),
+        _ => match plan_variant(spec, variant)? {
+            Some(p) => Ok(p),
+            None => plan(spec),
+        },
     }
 }
 
@@ -1757,6 +1767,10 @@ mod tests {
                 p.template
             );
             assert_eq!(p, plan_sm80_path(&spec).unwrap(), "{s}");
+            if !has {
+                // The main kernel serves it: the same plan (the jit builds it as Variant::Main).
+                assert_eq!(p, plan(&spec).unwrap(), "{s}");
+            }
             // Never chosen per call, never prebuilt.
             assert_ne!(Variant::for_keys(&spec, 512), Variant::Sm80Path);
             assert!(!variants(&spec).any(|v| v == Variant::Sm80Path), "{s}");

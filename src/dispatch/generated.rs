@@ -152,7 +152,8 @@ impl GeneratedBackend {
         Self::bwd_variant_on(&self.path())
     }
 
-    /// The variant of a backward on `path` (pure).
+    /// The variant of a backward on `path` (pure), which is also the
+    /// forward's before the per-call choice by keys' length.
     pub fn bwd_variant_on(path: &GeneratedPath) -> Variant {
         if *path == GeneratedPath::Sm80 {
             Variant::Sm80Path
@@ -320,10 +321,9 @@ impl GeneratedBackend {
     /// [`GeneratedBackend::fwd_variant`] on `path` (pure; front ends that
     /// hold the backend as a `dyn Backend` ask it with the dispatcher's policy).
     pub fn fwd_variant_on(path: &GeneratedPath, call: &FwdCall, spec: &AttnSpec) -> Variant {
-        if *path == GeneratedPath::Sm80 {
-            Variant::Sm80Path
-        } else {
-            Variant::for_keys(spec, call.problem.seqlen_k)
+        match Self::bwd_variant_on(path) {
+            Variant::Main => Variant::for_keys(spec, call.problem.seqlen_k),
+            forced => forced,
         }
     }
 
@@ -386,15 +386,13 @@ impl Backend for GeneratedBackend {
                 return Err(reason.into());
             }
         }
-        let variant = match self.path() {
-            GeneratedPath::Planner => Variant::Main,
-            GeneratedPath::Sm80 => Variant::Sm80Path,
-            GeneratedPath::Invalid(v) => {
-                return Err(format!(
-                    "ATTNFORGE_GENERATED_PATH / the policy's generated path is `{v}`: not `planner` or `sm80`"
-                ))
-            }
-        };
+        let path = self.path();
+        if let GeneratedPath::Invalid(v) = &path {
+            return Err(format!(
+                "ATTNFORGE_GENERATED_PATH / the policy's generated path is `{v}`: not `planner` or `sm80`"
+            ));
+        }
+        let variant = Self::bwd_variant_on(&path);
         GENERATED_CAPS.check(key, direction)?;
         let spec = key.spec(direction)?;
         let plan = plan_or_main(&spec, variant).map_err(|e| e.reason)?;
