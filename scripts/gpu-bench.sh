@@ -27,8 +27,8 @@ status=0
 PYTHONUNBUFFERED=1 python3 scripts/gpu_bench.py "$@" || status=$?
 # The forward, then the backward, against the peers in interleaved rounds,
 # one process each, balanced order (scripts/bench_interleaved.py): the ratios
-# issues 3 and 4 are read from. Needs the wheel (.gpu/attnforge-*.whl, `make gpu-bundle`); skipped
-# with --quick.
+# issues 3 and 4 are read from. Needs the wheel (.gpu/attnforge-*.whl,
+# `make gpu-bundle`); skipped with --quick.
 whl=$(ls .gpu/attnforge-*.whl 2>/dev/null | head -n 1 || true)
 if [ -n "$whl" ] && [ "${1:-}" != "--quick" ]; then
   wsite=$(mktemp -d)
@@ -39,7 +39,7 @@ if [ -n "$whl" ] && [ "${1:-}" != "--quick" ]; then
     status=1
   fi
 else
-  echo "interleaved forward: skipped (no wheel in .gpu, or --quick)"
+  echo "interleaved forward and backward: skipped (no wheel in .gpu, or --quick)"
 fi
 if [ -n "$smi_pid" ]; then
   kill "$smi_pid" 2>/dev/null || true; wait "$smi_pid" 2>/dev/null || true
