@@ -1301,8 +1301,8 @@ fn ab_file(dir: &str, spec: &AttnSpec, file: &str) -> String {
 /// from another tree and launched with that tree's plan (`{cubin}.plan.json`
 /// beside it; this tree's plan where it is missing). Every module is timed as
 /// the peers are, in interleaved rounds on the same inputs (at least five,
-/// the modules of each in a balanced Latin square's order); the median per
-/// module.
+/// or `ATTNFORGE_AB_ROUNDS`; the modules of each in a balanced Latin square's
+/// order); the median per module.
 fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
     launch::ensure_context(0).expect("context");
     // The planner's kernel and each dir's cubin of the same plan under `file`.
@@ -1356,10 +1356,17 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
     // a kernel's clocks depend on what ran just before it, so every module
     // follows every other equally often (a cyclic order puts the same one
     // before it every round; session 32).
+    // ATTNFORGE_AB_ROUNDS: more rounds than the square's (at least five) where
+    // the rounds of a cell spread more than the difference sought.
+    let min_rounds = std::env::var("ATTNFORGE_AB_ROUNDS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(5)
+        .max(5);
     let rounds = |n: usize, run: &mut dyn FnMut(usize), flops: f64| {
         let mut figures = vec![Vec::new(); n];
         let square = williams(n);
-        for round in 0..square.len().max(5) {
+        for round in 0..square.len().max(min_rounds) {
             for &i in &square[round % square.len()] {
                 let ms = time_ms(|| run(i), 5.0, 25.0);
                 figures[i].push(flops / ms / 1e9);
