@@ -308,7 +308,20 @@ fn fwd_tiles_with_reason(spec: &AttnSpec) -> (FwdTiles, &'static str) {
     // buffered: one buffer at bn64 measured 308 / 304 against 320 / 317,
     // and bn128 (331 / 328) spills on sm_80 in 33 of the 44 d <= 64 specs.
     let causal = matches!(spec.mask, Mask::CausalTopLeft | Mask::CausalBottomRight);
-    let ((num_warps, m_tiles_per_warp, block_n, stages), why) = if dmax <= 64 {
+    let dense_unmasked_hopper =
+        spec.arch == Arch::Sm90a && spec.layout == Layout::Dense && spec.mask == Mask::None && !spec.softcap;
+    let ((num_warps, m_tiles_per_warp, block_n, stages), why) = if dmax <= 64 && dense_unmasked_hopper {
+        // Session 33 on H100s (docs/kernels.md, fwd_sm80 v12): bn128 with
+        // two K/V buffers in head-major order (92 KB a block, two blocks per
+        // SM) against the former bn64 in query-block-major order, +5.7% /
+        // +4.9% at 2k / 8k in a same-process A/B (15 rounds), +11% / +8% in
+        // the tune; 1.12-1.14x FlashAttention-2 interleaved. Under a causal
+        // mask bn128 ties bn64 (and spills 8 B with two buffers).
+        (
+            (4, 2, 128, 2),
+            "dense d <= 64 without a mask or softcap on Hopper: 128-key steps, two K/V buffers (measured best, session 33)",
+        )
+    } else if dmax <= 64 {
         (
             (4, 2, 64, 2),
             "d <= 64: 64-key steps, two K/V buffers (bn128 spills on most sm80 specs)",
@@ -329,7 +342,7 @@ fn fwd_tiles_with_reason(spec: &AttnSpec) -> (FwdTiles, &'static str) {
             )
         } else if spec.layout == Layout::Thd && causal {
             ((4, 2, 32, 1), "ragged causal d96/d128: 32-key steps (48 spill)")
-        } else if spec.arch == Arch::Sm90a && spec.layout == Layout::Dense && spec.mask == Mask::None && !spec.softcap {
+        } else if dense_unmasked_hopper {
             (
                 (4, 2, 48, 2),
                 "dense d96/d128 without a mask or softcap on Hopper: 48-key steps, two K/V buffers (measured best, session 27)",
@@ -364,17 +377,18 @@ fn fwd_tiles_with_reason(spec: &AttnSpec) -> (FwdTiles, &'static str) {
         block_n,
         stages,
         // FlashAttention-2's (and the sm90a forward's) head-major order, for
-        // dense problems without a mask at d > 64: session 32's tunes on an
-        // H100 (12 and 4 balanced rounds, one machine) put it at +5.0% /
-        // +7.5% at d128 2k, +1.9% / +1.8% at 8k, and d256 at +1% (2k) and
-        // +4% (8k), where the blocks in flight of the query-block-major
+        // dense problems without a mask (d > 64 since session 32, every d
+        // since session 33): session 32's tunes on an H100 (12 and 4
+        // balanced rounds, one machine) put it at +5.0% / +7.5% at d128 2k,
+        // +1.9% / +1.8% at 8k, and d256 at +1% (2k) and +4% (8k), where the blocks in flight of the query-block-major
         // order read every head's K and V from DRAM (a 58% L2 hit rate at
         // d128 2k against FlashAttention-2's 87%, session 27). A same-process
         // A/B on another machine the same day read d128 2k at -2.1%; session
         // 26's at -4.0..+5.3%. Under masks the query-block-major order (the
         // longest tiles of every head first) stays: -2..-4% head-major at
-        // d128 and d256 causal. d64: within +-3%, not changed.
-        head_major: spec.layout == Layout::Dense && spec.mask == Mask::None && dmax > 64,
+        // d128 and d256 causal. d <= 64 too since session 33 (the bn128
+        // shape above was measured head-major; bn64 alone read -1..+11%).
+        head_major: spec.layout == Layout::Dense && spec.mask == Mask::None,
     };
     (tiles, why)
 }
@@ -387,7 +401,7 @@ fn fwd_tiles_with_reason(spec: &AttnSpec) -> (FwdTiles, &'static str) {
 pub fn fwd_tile_candidates(spec: &AttnSpec) -> Vec<FwdTiles> {
     let dmax = round_up(spec.head_dim_qk.max(spec.head_dim_v) as u32, 16);
     let shapes: &[(u32, u32, u32, u32)] = if dmax <= 64 {
-        &[(4, 2, 64, 2), (4, 2, 128, 1)]
+        &[(4, 2, 64, 2), (4, 2, 128, 1), (4, 2, 128, 2)]
     } else if dmax <= 128 {
         &[
             (4, 2, 48, 2),
@@ -1291,14 +1305,14 @@ mod tests {
         assert_eq!(p.smem_pitch_qk, 264);
     }
     #[test]
-    fn the_sm80_forward_runs_head_major_only_without_a_mask_past_d64_on_dense_tensors() {
+    fn the_sm80_forward_runs_head_major_only_without_a_mask_on_dense_tensors() {
         use crate::spec::DType;
         for arch in [Arch::Sm80, Arch::Sm90a] {
-            for d in [64u16, 96, 128, 192, 256] {
+            for d in [32u16, 64, 96, 128, 192, 256] {
                 for mask in Mask::ALL.iter().copied() {
                     for layout in [Layout::Dense, Layout::Thd] {
                         let spec = AttnSpec::fwd(DType::Bf16, d, mask, layout, arch);
-                        let want = layout == Layout::Dense && mask == Mask::None && d > 64;
+                        let want = layout == Layout::Dense && mask == Mask::None;
                         let p = plan_fwd_sm80(&spec);
                         assert_eq!(p.head_major, want, "{spec}");
                         assert_eq!(

@@ -468,8 +468,9 @@ mod tests {
             assert!(src.contains("if (MASK_KIND == 0 && p.ragged_order != 0 && p.batch <= RAGGED_ORDER_MAX_BATCH) {"));
             assert!(src.contains("constexpr int RAGGED_ORDER_MAX_BATCH = 64;"));
         }
-        // Dense grids have no such order (and no order.cuh without head_major).
-        let src = render(&plan(&"fwd.f16.d64.none.dense.sm80".parse().unwrap()).unwrap())
+        // Dense grids have no such order (and no order.cuh without head_major,
+        // which dense grids take only without a mask).
+        let src = render(&plan(&"fwd.f16.d64.causal-tl.dense.sm80".parse().unwrap()).unwrap())
             .unwrap()
             .source;
         assert!(!src.contains("ragged_order("));
