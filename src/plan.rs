@@ -383,9 +383,10 @@ fn fwd_tiles_with_reason(spec: &AttnSpec) -> (FwdTiles, &'static str) {
         // dense problems without a mask (d > 64 since session 32, every d
         // since session 33): session 32's tunes on an H100 (12 and 4
         // balanced rounds, one machine) put it at +5.0% / +7.5% at d128 2k,
-        // +1.9% / +1.8% at 8k, and d256 at +1% (2k) and +4% (8k), where the blocks in flight of the query-block-major
-        // order read every head's K and V from DRAM (a 58% L2 hit rate at
-        // d128 2k against FlashAttention-2's 87%, session 27). A same-process
+        // +1.9% / +1.8% at 8k, and d256 at +1% (2k) and +4% (8k), where the
+        // blocks in flight of the query-block-major order read every head's
+        // K and V from DRAM (a 58% L2 hit rate at d128 2k against
+        // FlashAttention-2's 87%, session 27). A same-process
         // A/B on another machine the same day read d128 2k at -2.1%; session
         // 26's at -4.0..+5.3%. Under masks the query-block-major order (the
         // longest tiles of every head first) stays: -2..-4% head-major at

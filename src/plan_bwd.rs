@@ -476,7 +476,7 @@ pub fn plan_bwd(spec: &AttnSpec) -> Option<KernelPlan> {
 
 /// Why dense d <= 64 causal backwards take the sm80 path on Hopper.
 const SM80_FASTER_AT_D64_CAUSAL: &str = "dense d <= 64 under a causal mask, where bwd_sm80.cu measured 4-9% faster \
-     (H100, session 32's same-run bench and session 33's interleaved run: 2k 233 against 216-217 TFLOP/s, \
+     at d64 (H100, session 32's same-run bench and session 33's interleaved run: 2k 233 against 216-217 TFLOP/s, \
      8k 288-291 against 276-277, 16k 302-304 against 290-291)";
 
 /// Specs the wgmma backward takes but the sm80 instruction path runs faster
