@@ -2,12 +2,13 @@
 //! launch, all in Rust.
 //!
 //! Support is the planner's answer: the problem's spec (from
-//! [`ProblemKey::spec`]) goes through [`crate::plan::plan`], and a
-//! [`crate::PlanError`]'s reason becomes the decline reason. Before that,
-//! two capability rows the planner cannot see: no dropout, no arbitrary
-//! attn_mask. The target arch follows the device (sm80/86/89 → their spec
-//! arch, 9.0 → sm90a); which template serves it (today the sm80 template for
-//! both paths) is the planner's business and shows in `explain`.
+//! [`ProblemKey::spec`]) goes through [`crate::plan::plan_or_main`] for the
+//! policy's variant, and a [`crate::PlanError`]'s reason becomes the decline
+//! reason. Before that, two capability rows the planner cannot see: no
+//! dropout, no arbitrary attn_mask. The target arch follows the device
+//! (sm80/86/89 → their spec arch, 9.0 → sm90a); which template serves it (on
+//! Hopper the wgmma templates where the planner takes them, else the sm80
+//! instruction path) is the planner's business and shows in `explain`.
 //!
 //! The policy's [`GeneratedPath`] (`ATTNFORGE_GENERATED_PATH=sm80`) makes
 //! every kernel of this backend the spec's [`Variant::Sm80Path`] (the sm80
