@@ -1358,11 +1358,14 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
     // before it every round; session 32).
     // ATTNFORGE_AB_ROUNDS: more rounds than the square's (at least five) where
     // the rounds of a cell spread more than the difference sought.
-    let min_rounds = std::env::var("ATTNFORGE_AB_ROUNDS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(5)
-        .max(5);
+    let min_rounds = match std::env::var("ATTNFORGE_AB_ROUNDS") {
+        Ok(v) => v
+            .trim()
+            .parse::<usize>()
+            .unwrap_or_else(|_| panic!("ATTNFORGE_AB_ROUNDS={v}: not a number of rounds"))
+            .max(5),
+        Err(_) => 5,
+    };
     let rounds = |n: usize, run: &mut dyn FnMut(usize), flops: f64| {
         let mut figures = vec![Vec::new(); n];
         let square = williams(n);
