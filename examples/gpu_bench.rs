@@ -189,10 +189,10 @@ fn tile_label(k: &attnforge::CompiledKernel) -> String {
         " {}x64 bn{}{}",
         k.plan.block_m / 64,
         k.plan.block_n,
-        if k.variant == attnforge::plan::Variant::ShortKeys {
-            " short-keys"
-        } else {
-            ""
+        match k.variant {
+            attnforge::plan::Variant::ShortKeys => " short-keys",
+            attnforge::plan::Variant::MidKeys => " mid-keys",
+            _ => "",
         }
     )
 }

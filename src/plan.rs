@@ -637,8 +637,20 @@ pub fn sm90a_walk_pays(seqlen_k: u32, d: u32, masked: bool, consumers: u32) -> b
     if masked && d > 128 && seqlen_k <= SM90A_ONE_TILE_MASKED_MAX_KEYS {
         return false;
     }
-    seqlen_k <= SM90A_WALK_MAX_KEYS
-        || (masked && d <= 128 && (d <= 64 || consumers >= 3) && seqlen_k <= 2 * SM90A_WALK_MAX_KEYS)
+    seqlen_k <= SM90A_WALK_MAX_KEYS || (sm90a_walks_to_2k(d, masked, consumers) && seqlen_k <= 2 * SM90A_WALK_MAX_KEYS)
+}
+
+/// Where the sm90a forward walks up to twice [`SM90A_WALK_MAX_KEYS`]: at
+/// d <= 64 under a mask, and at d 65..128 with three consumers: a causal
+/// main plan, or [`Variant::MidKeys`] without a mask (d128 at 2k: 619.5
+/// TFLOP/s on the walk against 601.8 one tile per block, H100, session 34).
+/// d64 without a mask stays one tile per block (491.5 against 485.7).
+fn sm90a_walks_to_2k(d: u32, masked: bool, consumers: u32) -> bool {
+    match d {
+        0..=64 => masked,
+        65..=128 => consumers >= 3,
+        _ => false,
+    }
 }
 
 /// A second plan of the same spec that the launcher takes per call, by the
@@ -654,6 +666,11 @@ pub enum Variant {
     /// has three under a causal mask, block_n 64 at d256 causal, block_n 128
     /// at d128 without a mask.
     ShortKeys,
+    /// Keys of medium length (longer than [`SHORT_KEYS_MAX`], at most
+    /// [`MID_KEYS_MAX`]): three consumer warpgroups at block_n 80 on the
+    /// walk where the main plan has two at block_n 176 (dense d 80..128
+    /// without a mask or softcap; [`mid_keys_tiles_why`]).
+    MidKeys,
     /// The sm80 instruction path ([`plan_sm80_path`]) where the planner takes
     /// the wgmma templates (sm90a): asked for by name only (the opt-in
     /// `generated-sm80` backend, `attnforge compile --path sm80`), never
@@ -666,15 +683,23 @@ pub enum Variant {
 /// [`Variant::ShortKeys`] where a spec has one.
 pub const SHORT_KEYS_MAX: u32 = 1024;
 
+/// The longest keys (dense `seqlen_k`) that take [`Variant::MidKeys`] where a
+/// spec has one; shorter keys than [`SHORT_KEYS_MAX`] + 1 take
+/// [`Variant::ShortKeys`] or the main plan.
+pub const MID_KEYS_MAX: u32 = 2048;
+
 impl Variant {
     /// The variant a call with keys this long takes (dense `seqlen_k`,
     /// ragged `max_seqlen_k`). Pure and cheap (the hot path asks it).
     pub fn for_keys(spec: &AttnSpec, seqlen_k: u32) -> Variant {
-        if seqlen_k <= SHORT_KEYS_MAX && short_keys_tiles(spec).is_some() {
-            Variant::ShortKeys
-        } else {
-            Variant::Main
+        if seqlen_k <= SHORT_KEYS_MAX {
+            if short_keys_tiles(spec).is_some() {
+                return Variant::ShortKeys;
+            }
+        } else if seqlen_k <= MID_KEYS_MAX && mid_keys_tiles(spec).is_some() {
+            return Variant::MidKeys;
         }
+        Variant::Main
     }
 
     /// A suffix for file names and logs: "" for the main plan.
@@ -682,6 +707,7 @@ impl Variant {
         match self {
             Variant::Main => "",
             Variant::ShortKeys => ".short",
+            Variant::MidKeys => ".mid",
             Variant::Sm80Path => ".sm80path",
         }
     }
@@ -739,11 +765,53 @@ pub fn short_keys_tiles(spec: &AttnSpec) -> Option<Sm90aFwdTiles> {
     short_keys_tiles_why(spec).map(|(t, _)| t)
 }
 
+/// The tiles of [`Variant::MidKeys`] for `spec`, if it has that variant,
+/// with why (for the plan's reasons): dense sm90a forwards at d 80..128
+/// without a mask or softcap (the main plan's block_n 176), three consumer
+/// warpgroups at block_n 80 with two stages, on the walk. H100, `gpu_bench
+/// --tune90` at seqlen 2048 (b 8, h 16, bf16), interleaved rounds: session 24
+/// (5 rounds, docs/benchmarks/2026-12-05-s24-gpu.md) 612.5 TFLOP/s against the
+/// main plan's 596.8 (+2.6%); session 34 (7 rounds,
+/// docs/benchmarks/2026-12-06-s34-gpu.md) 619.5 against 580.6 (+6.7%). At 8k
+/// the main plan is ahead (684 against 668, session 24), at 512 the short-keys
+/// tiles (477 against 427 on the walk, session 34). Ragged batches keep the
+/// main plan: a 192-row block pads each sequence's partial block (session 24:
+/// three consumers lost 1.4% on the bench's ragged batch).
+pub fn mid_keys_tiles_why(spec: &AttnSpec) -> Option<(Sm90aFwdTiles, &'static str)> {
+    if spec.direction != Direction::Fwd
+        || spec.arch != Arch::Sm90a
+        || spec.layout != Layout::Dense
+        || spec.mask != Mask::None
+        || spec.validate().is_err()
+    {
+        return None;
+    }
+    let main = default_sm90a_tiles(spec);
+    (main.block_n == 176 && !spec.softcap).then_some((
+        Sm90aFwdTiles {
+            consumers: 3,
+            block_n: 80,
+            stages: 2,
+            ..main
+        },
+        "a third warpgroup to overlap with where each block's keys are few; measured +2.6% and +6.7% at seqlen \
+         2048 on the walk, behind the main plan from 8k",
+    ))
+}
+
+/// The tiles of [`Variant::MidKeys`] for `spec`, if it has that variant
+/// ([`mid_keys_tiles_why`]).
+pub fn mid_keys_tiles(spec: &AttnSpec) -> Option<Sm90aFwdTiles> {
+    mid_keys_tiles_why(spec).map(|(t, _)| t)
+}
+
 /// Every variant a call of `spec` may take: [`Variant::Main`], then
-/// [`Variant::ShortKeys`] where the spec has it (what `attnforge prebuild`
-/// and the coverage sweep build).
+/// [`Variant::ShortKeys`] and [`Variant::MidKeys`] where the spec has them
+/// (what `attnforge prebuild` and the coverage sweep build).
 pub fn variants(spec: &AttnSpec) -> impl Iterator<Item = Variant> {
-    std::iter::once(Variant::Main).chain(short_keys_tiles(spec).map(|_| Variant::ShortKeys))
+    std::iter::once(Variant::Main)
+        .chain(short_keys_tiles(spec).map(|_| Variant::ShortKeys))
+        .chain(mid_keys_tiles(spec).map(|_| Variant::MidKeys))
 }
 
 /// The plan of one variant of a spec: [`plan`] for [`Variant::Main`],
@@ -764,6 +832,23 @@ pub fn plan_variant(spec: &AttnSpec, variant: Variant) -> Result<Option<KernelPl
                     "variant for short keys (at most {SHORT_KEYS_MAX}, chosen per call): {} consumer warpgroups at \
                      block_n {} instead of the main plan's {} at {} ({why})",
                     tiles.consumers, tiles.block_n, main.consumers, main.block_n
+                ),
+            );
+            p
+        })),
+        Variant::MidKeys => Ok(mid_keys_tiles_why(spec).map(|(tiles, why)| {
+            let main = default_sm90a_tiles(spec);
+            let mut p = plan_fwd_sm90a_with(spec, tiles);
+            p.reasons.insert(
+                0,
+                format!(
+                    "variant for keys of {}..={MID_KEYS_MAX} (chosen per call): {} consumer warpgroups at block_n {} \
+                     instead of the main plan's {} at {} ({why})",
+                    SHORT_KEYS_MAX + 1,
+                    tiles.consumers,
+                    tiles.block_n,
+                    main.consumers,
+                    main.block_n
                 ),
             );
             p
@@ -1169,9 +1254,9 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
                      {SM90A_ONE_TILE_MASKED_MAX_KEYS}: measured +15% at d256 causal, seqlen 512)",
                     SM90A_ONE_TILE_MASKED_MAX_KEYS + 1
                 )
-            } else if spec.mask != Mask::None && (dmax <= 64 || consumers >= 3) {
+            } else if sm90a_walks_to_2k(dmax, spec.mask != Mask::None, consumers) {
                 format!(
-                    "{} (under a mask, with three consumers or at d <= 64)",
+                    "{} (three consumers up to d128, or under a mask at d <= 64)",
                     2 * SM90A_WALK_MAX_KEYS
                 )
             } else {
@@ -1439,7 +1524,7 @@ mod tests {
             assert_eq!((short.block_m, short.block_n), (128, bn), "{spec}");
             assert_ne!(main.block_n, bn, "{spec}");
             assert_eq!(Variant::for_keys(&spec, 1000), Variant::ShortKeys, "{spec}");
-            assert_eq!(Variant::for_keys(&spec, 2048), Variant::Main, "{spec}");
+            assert_eq!(Variant::for_keys(&spec, 4096), Variant::Main, "{spec}");
         }
         // No variant: d64 without a mask or with a window (three consumers
         // all the same), d128 causal ragged and windowed, d256 without a
@@ -1471,6 +1556,84 @@ mod tests {
         assert_eq!(Variant::for_keys(&thd(64), 700), Variant::ShortKeys);
         assert_eq!(default_sm90a_tiles(&thd(128)).consumers, 2);
         assert_eq!(Variant::for_keys(&thd(128), 700), Variant::Main);
+    }
+
+    #[test]
+    fn mid_keys_variant_for_dense_d128_without_a_mask() {
+        use crate::spec::DType;
+        for (dt, d_qk, d_v) in [(DType::Bf16, 128, 128), (DType::F16, 96, 96), (DType::Bf16, 80, 80)] {
+            let spec = AttnSpec {
+                head_dim_v: d_v,
+                ..AttnSpec::fwd(dt, d_qk, Mask::None, Layout::Dense, Arch::Sm90a)
+            };
+            let main = plan(&spec).unwrap();
+            assert_eq!((main.block_m, main.block_n), (128, 176), "{spec}");
+            // 1025..=2048 keys: the mid-keys plan; shorter ones the short-keys
+            // plan, longer ones the main plan.
+            assert_eq!(Variant::for_keys(&spec, SHORT_KEYS_MAX), Variant::ShortKeys, "{spec}");
+            assert_eq!(Variant::for_keys(&spec, SHORT_KEYS_MAX + 1), Variant::MidKeys, "{spec}");
+            assert_eq!(Variant::for_keys(&spec, MID_KEYS_MAX), Variant::MidKeys, "{spec}");
+            assert_eq!(Variant::for_keys(&spec, MID_KEYS_MAX + 1), Variant::Main, "{spec}");
+            let mid = plan_variant(&spec, Variant::MidKeys).unwrap().expect("a mid-keys plan");
+            assert_eq!((mid.block_m, mid.block_n, mid.stages), (192, 80, 2), "{spec}");
+            assert!(
+                mid.reasons[0].contains("variant for keys of 1025..=2048"),
+                "{spec}: {:?}",
+                mid.reasons
+            );
+            assert_eq!(
+                (mid.spec, &mid.entry, mid.template),
+                (main.spec, &main.entry, main.template)
+            );
+            assert_eq!(
+                variants(&spec).collect::<Vec<_>>(),
+                [Variant::Main, Variant::ShortKeys, Variant::MidKeys]
+            );
+            // The launcher walks it at 2k (and one tile per block past 2k,
+            // where no call takes it).
+            let d = d_qk.max(d_v) as u32;
+            assert!(sm90a_walk_pays(MID_KEYS_MAX, d, false, 3) && !sm90a_walk_pays(MID_KEYS_MAX, d, false, 2));
+        }
+        // None elsewhere: under a mask, ragged, softcap, d64 and d256, sm80, backward.
+        let d128 = AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Dense, Arch::Sm90a);
+        for spec in [
+            AttnSpec {
+                mask: Mask::CausalTopLeft,
+                ..d128
+            },
+            AttnSpec {
+                mask: Mask::SlidingWindow,
+                ..d128
+            },
+            AttnSpec {
+                layout: Layout::Thd,
+                ..d128
+            },
+            AttnSpec { softcap: true, ..d128 },
+            AttnSpec {
+                head_dim_qk: 64,
+                head_dim_v: 64,
+                ..d128
+            },
+            AttnSpec {
+                head_dim_qk: 256,
+                head_dim_v: 256,
+                ..d128
+            },
+            AttnSpec {
+                arch: Arch::Sm80,
+                ..d128
+            },
+            AttnSpec {
+                direction: Direction::Bwd,
+                ..d128
+            },
+        ] {
+            assert!(mid_keys_tiles(&spec).is_none(), "{spec}");
+            assert!(plan_variant(&spec, Variant::MidKeys).unwrap().is_none(), "{spec}");
+            assert_ne!(Variant::for_keys(&spec, 2048), Variant::MidKeys, "{spec}");
+            assert!(!variants(&spec).any(|v| v == Variant::MidKeys), "{spec}");
+        }
     }
 
     #[test]
@@ -1986,7 +2149,15 @@ mod tests {
                     assert_eq!(walks(512), !(masked && d > 128));
                     assert!(walks(513) && walks(SM90A_WALK_MAX_KEYS));
                     assert!(!walks(4096));
-                    assert_eq!(walks(2048), masked && d <= 128 && (d <= 64 || consumers == 3));
+                    // 2k: d64 under a mask; d128 with three consumers (a
+                    // causal main plan, or the mid-keys variant without a mask).
+                    let to_2k = match (d, masked, consumers) {
+                        (64, true, _) | (128, _, 3) => true,
+                        (64, false, _) | (128, _, 2) | (256, _, _) => false,
+                        _ => unreachable!(),
+                    };
+                    assert_eq!(walks(2048), to_2k, "d{d} masked={masked} consumers={consumers}");
+                    assert!(!walks(2049));
                 }
             }
         }

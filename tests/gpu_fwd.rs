@@ -547,8 +547,8 @@ fn main() {
 /// without a mask).
 fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel, Entry)> {
     use attnforge::plan::{
-        default_fwd_tiles, default_sm90a_tiles, fwd_tile_candidates, plan_fwd_sm80_with, plan_fwd_sm90a_with,
-        plan_variant, short_keys_tiles, FwdTiles, GridRule, Sm90aFwdTiles, Template, Variant,
+        default_fwd_tiles, default_sm90a_tiles, fwd_tile_candidates, mid_keys_tiles, plan_fwd_sm80_with,
+        plan_fwd_sm90a_with, plan_variant, short_keys_tiles, FwdTiles, GridRule, Sm90aFwdTiles, Template, Variant,
     };
     let planned = attnforge::get_or_build(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
     let mut v = vec![(planned.plan.template.file(), (*planned).clone(), Entry::Rule)];
@@ -633,7 +633,7 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
                     ..base
                 }
             };
-            if Some(tiles) != short_keys_tiles(spec) {
+            if Some(tiles) != short_keys_tiles(spec) && Some(tiles) != mid_keys_tiles(spec) {
                 jobs.push((
                     "fwd_sm90a.cu other consumer count",
                     plan_fwd_sm90a_with(spec, tiles),
@@ -662,6 +662,10 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
         // on the launcher's entry for the case.
         if let Some(short) = plan_variant(spec, Variant::ShortKeys).unwrap_or_else(|e| panic!("{spec}: {e}")) {
             jobs.push(("fwd_sm90a.cu short-keys variant", short, Entry::Rule));
+        }
+        // And the one for keys of 1025..=2048 (plan::mid_keys_tiles_why).
+        if let Some(mid) = plan_variant(spec, Variant::MidKeys).unwrap_or_else(|e| panic!("{spec}: {e}")) {
+            jobs.push(("fwd_sm90a.cu mid-keys variant", mid, Entry::Rule));
         }
     }
     let sm80 = default_fwd_tiles(spec);

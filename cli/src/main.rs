@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use attnforge::compile::{CompileRequest, Emit, Nvrtc};
 use attnforge::jit::{Jit, Origin};
-use attnforge::plan::{short_keys_tiles, variants, Variant};
+use attnforge::plan::{mid_keys_tiles, short_keys_tiles, variants, Variant};
 use attnforge::{launch, matrix, plan, render, Arch, AttnSpec};
 use attnforge_cache::{format_size, parse_size, Cache, CacheConfig};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -55,7 +55,7 @@ enum Cmd {
         #[arg(long)]
         quiet: bool,
         /// The kernels a process on this instruction path takes: `planner`
-        /// (each spec's plan and its short-keys variant) or `sm80` (the sm80
+        /// (each spec's plan and its short- and mid-keys variants) or `sm80` (the sm80
         /// path's kernels, as `ATTNFORGE_GENERATED_PATH=sm80` runs them).
         /// Default: `ATTNFORGE_GENERATED_PATH`, else `planner`.
         #[arg(long, value_enum)]
@@ -153,6 +153,10 @@ enum PathArg {
     /// takes by its keys' length where the spec has one (sm90a forwards whose
     /// tiles measured faster at short keys differ from the main plan's).
     ShortKeys,
+    /// The planner's variant for keys of 1025 to 2048, which a call takes by
+    /// its keys' length where the spec has one (dense sm90a forwards at
+    /// d 80..128 without a mask, measured faster at 2k on other tiles).
+    MidKeys,
 }
 
 /// The plan of `spec` on the requested instruction path.
@@ -167,6 +171,16 @@ fn plan_on(spec: &AttnSpec, path: PathArg) -> Result<attnforge::plan::KernelPlan
                     format!(
                         "{spec} has no short-keys variant (only sm90a forwards whose tiles measured faster at short \
                          keys differ from the main plan's have one): its plan serves every length"
+                    )
+                })
+        }
+        PathArg::MidKeys => {
+            return attnforge::plan::plan_variant(spec, Variant::MidKeys)
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| {
+                    format!(
+                        "{spec} has no mid-keys variant (only dense sm90a forwards at d 80..128 without a mask or \
+                         softcap have one): its other plans serve every length"
                     )
                 })
         }
@@ -305,7 +319,7 @@ fn prebuild(
         specs.len(),
         kernels.len(),
         match path {
-            GenPathArg::Planner => " with the short-keys variants",
+            GenPathArg::Planner => " with the short- and mid-keys variants",
             GenPathArg::Sm80 => " on the sm80 instruction path",
         },
         archs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(","),
@@ -368,10 +382,13 @@ fn compile(spec: &str, emit: EmitArg, output: Option<PathBuf>, path_arg: PathArg
                     let r = Jit::global().build(&spec).map_err(|e| e.to_string())?;
                     (r.kernel, r.origin)
                 }
-                PathArg::ShortKeys => {
-                    let r = Jit::global()
-                        .build_variant(&spec, Variant::ShortKeys)
-                        .map_err(|e| e.to_string())?;
+                PathArg::ShortKeys | PathArg::MidKeys => {
+                    let variant = if path_arg == PathArg::ShortKeys {
+                        Variant::ShortKeys
+                    } else {
+                        Variant::MidKeys
+                    };
+                    let r = Jit::global().build_variant(&spec, variant).map_err(|e| e.to_string())?;
                     (r.kernel, r.origin)
                 }
                 PathArg::Sm80 => (
@@ -576,6 +593,14 @@ fn run(cli: Cli) -> CliResult {
                         "variant: calls with keys up to {} take the short-keys plan (`attnforge plan {spec} --path \
                          short-keys`)",
                         attnforge::plan::SHORT_KEYS_MAX
+                    );
+                }
+                if matches!(path, PathArg::Planner) && mid_keys_tiles(&spec).is_some() {
+                    println!(
+                        "variant: calls with keys of {}..={} take the mid-keys plan (`attnforge plan {spec} --path \
+                         mid-keys`)",
+                        attnforge::plan::SHORT_KEYS_MAX + 1,
+                        attnforge::plan::MID_KEYS_MAX
                     );
                 }
             }

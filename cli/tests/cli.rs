@@ -211,6 +211,36 @@ fn the_sm80_path_on_sm90a_by_request() {
 }
 
 #[test]
+fn the_mid_keys_variant_by_request() {
+    // d128 without a mask: the plan names both variants; --path mid-keys prints
+    // three consumers at block_n 80, and a spec without one fails cleanly.
+    let spec = "fwd.bf16.d128.none.dense.sm90a";
+    let out = run(bin().args(["plan", spec]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(
+        s.contains("block_n=176")
+            && s.contains("calls with keys up to 1024 take the short-keys plan")
+            && s.contains("calls with keys of 1025..=2048 take the mid-keys plan"),
+        "{s}"
+    );
+    let out = run(bin().args(["plan", spec, "--path", "mid-keys"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(
+        s.contains("block_m=192 block_n=80") && s.contains("variant for keys of 1025..=2048"),
+        "{s}"
+    );
+    for other in ["fwd.bf16.d128.causal-tl.dense.sm90a", "fwd.bf16.d128.none.thd.sm90a"] {
+        assert_clean_failure(
+            &run(bin().args(["plan", other, "--path", "mid-keys"])),
+            "has no mid-keys variant",
+        );
+        assert!(!text(&run(bin().args(["plan", other])).stdout).contains("mid-keys plan"));
+    }
+}
+
+#[test]
 fn the_short_keys_variant_by_request() {
     // The planner's plan names the variant; --path short-keys prints it.
     let spec = "fwd.bf16.d128.causal-tl.dense.sm90a";

@@ -1,5 +1,5 @@
 //! The coverage sweep: compile every spec of the default matrix (and its
-//! short-keys variant where it has one) for sm80 and
+//! short- and mid-keys variants where it has them) for sm80 and
 //! sm90a into a fresh temporary cache (so it really compiles), check the
 //! resources, and write `docs/coverage.md`.
 //!
@@ -67,8 +67,9 @@ fn every_matrix_spec_compiles_without_spills() {
     let archs = [Arch::Sm80, Arch::Sm90a];
     let specs = matrix::default_specs(&archs);
     assert!(!specs.is_empty());
-    // Every kernel a call may take: the planner's, and the short-keys variant
-    // where the spec has one (as `attnforge prebuild` builds them).
+    // Every kernel a call may take: the planner's, and the short- and
+    // mid-keys variants where the spec has them (as `attnforge prebuild`
+    // builds them).
     let kernels: Vec<(AttnSpec, Variant)> = specs.iter().flat_map(|s| variants(s).map(move |v| (*s, v))).collect();
     assert!(
         kernels.len() > specs.len(),
@@ -138,7 +139,7 @@ fn every_matrix_spec_compiles_without_spills() {
     let _ = writeln!(
         md,
         "Written by `make sweep` / `make test` (codegen_tests/tests/sweep.rs): NVRTC {} into a fresh cache, \
-         {} specs and {} kernels (`.short`: the variant for short keys). Checks: compiles, no spills, stack <= {MAX_STACK} B, registers <= 255, shared memory within the arch limit, \
+         {} specs and {} kernels (`.short` and `.mid`: the variants for keys up to 1024 and of 1025..=2048). Checks: compiles, no spills, stack <= {MAX_STACK} B, registers <= 255, shared memory within the arch limit, \
          every entry's parameters as the launcher passes them.\n",
         nvrtc.version_string(),
         specs.len(),
@@ -155,7 +156,10 @@ fn every_matrix_spec_compiles_without_spills() {
         match r {
             Ok((regs, spill, stack, smem, threads, ms)) => {
                 times.push(*ms);
-                let spec_only = spec.strip_suffix(Variant::ShortKeys.suffix()).unwrap_or(spec);
+                let spec_only = [Variant::ShortKeys, Variant::MidKeys]
+                    .iter()
+                    .find_map(|v| spec.strip_suffix(v.suffix()))
+                    .unwrap_or(spec);
                 let arch: Arch = spec_only.rsplit('.').next().unwrap().parse().unwrap();
                 let mut bad = Vec::new();
                 if *spill > 0 {
