@@ -824,36 +824,29 @@ pub fn plan_variant(spec: &AttnSpec, variant: Variant) -> Result<Option<KernelPl
             Ok(differs.then_some(p))
         }
         Variant::ShortKeys => Ok(short_keys_tiles_why(spec).map(|(tiles, why)| {
-            let main = default_sm90a_tiles(spec);
-            let mut p = plan_fwd_sm90a_with(spec, tiles);
-            p.reasons.insert(
-                0,
-                format!(
-                    "variant for short keys (at most {SHORT_KEYS_MAX}, chosen per call): {} consumer warpgroups at \
-                     block_n {} instead of the main plan's {} at {} ({why})",
-                    tiles.consumers, tiles.block_n, main.consumers, main.block_n
-                ),
-            );
-            p
+            keyed_variant_plan(spec, tiles, "short keys", &format!("at most {SHORT_KEYS_MAX}"), why)
         })),
         Variant::MidKeys => Ok(mid_keys_tiles_why(spec).map(|(tiles, why)| {
-            let main = default_sm90a_tiles(spec);
-            let mut p = plan_fwd_sm90a_with(spec, tiles);
-            p.reasons.insert(
-                0,
-                format!(
-                    "variant for keys of {}..={MID_KEYS_MAX} (chosen per call): {} consumer warpgroups at block_n {} \
-                     instead of the main plan's {} at {} ({why})",
-                    SHORT_KEYS_MAX + 1,
-                    tiles.consumers,
-                    tiles.block_n,
-                    main.consumers,
-                    main.block_n
-                ),
-            );
-            p
+            let range = format!("{}..={MID_KEYS_MAX}", SHORT_KEYS_MAX + 1);
+            keyed_variant_plan(spec, tiles, "mid-length keys", &range, why)
         })),
     }
+}
+
+/// The plan of a variant chosen per call by the keys' length (`keys` in
+/// `range`), its first reason saying so against the main plan's tiles.
+fn keyed_variant_plan(spec: &AttnSpec, tiles: Sm90aFwdTiles, keys: &str, range: &str, why: &str) -> KernelPlan {
+    let main = default_sm90a_tiles(spec);
+    let mut p = plan_fwd_sm90a_with(spec, tiles);
+    p.reasons.insert(
+        0,
+        format!(
+            "variant for {keys} ({range}, chosen per call): {} consumer warpgroups at block_n {} instead of the main \
+             plan's {} at {} ({why})",
+            tiles.consumers, tiles.block_n, main.consumers, main.block_n
+        ),
+    );
+    p
 }
 
 /// The plan a call of `variant` runs: the variant's, else (a spec without
@@ -1577,7 +1570,7 @@ mod tests {
             let mid = plan_variant(&spec, Variant::MidKeys).unwrap().expect("a mid-keys plan");
             assert_eq!((mid.block_m, mid.block_n, mid.stages), (192, 80, 2), "{spec}");
             assert!(
-                mid.reasons[0].contains("variant for keys of 1025..=2048"),
+                mid.reasons[0].starts_with("variant for mid-length keys (1025..=2048, chosen per call): 3 consumer"),
                 "{spec}: {:?}",
                 mid.reasons
             );

@@ -228,7 +228,7 @@ fn the_mid_keys_variant_by_request() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let s = text(&out.stdout);
     assert!(
-        s.contains("block_m=192 block_n=80") && s.contains("variant for keys of 1025..=2048"),
+        s.contains("block_m=192 block_n=80") && s.contains("variant for mid-length keys (1025..=2048"),
         "{s}"
     );
     for other in ["fwd.bf16.d128.causal-tl.dense.sm90a", "fwd.bf16.d128.none.thd.sm90a"] {
