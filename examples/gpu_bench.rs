@@ -480,6 +480,13 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                     tiles.push(short_tma_o);
                 }
             }
+            // The mid-keys variant's tiles (plan::mid_keys_tiles), where the
+            // spec has one and they are not among the alternatives below.
+            if let Some(mid) = attnforge::plan::mid_keys_tiles(&spec) {
+                if !tiles.contains(&mid) {
+                    tiles.push(mid);
+                }
+            }
             // The clusters-of-two option (K/V multicast) where the spec takes
             // it: its one-tile entry is timed as pairs and alone.
             let pairs = Sm90aFwdTiles { cluster: true, ..base };
@@ -620,13 +627,54 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                 }
             }
             for ((causal, tiles, k, lk, grid, _, rule), f) in runs.iter().zip(&figures) {
+                // The options that set this row apart from a plain variant of
+                // the same tiles (the flips above), and the per-call variant
+                // whose tiles these are.
+                let p = &k.plan;
+                let mut opts: Vec<&str> = [
+                    (p.tma_store_o, "tma-o"),
+                    (p.rowsum_mma, "rowsum"),
+                    (p.tail_first, "tail-first"),
+                    (p.cluster_m > 1, "pairs"),
+                ]
+                .into_iter()
+                .filter_map(|(on, name)| on.then_some(name))
+                .collect();
+                let base = Sm90aFwdTiles {
+                    tma_store_o: false,
+                    ..*tiles
+                };
+                let spec = AttnSpec::fwd(
+                    DType::Bf16,
+                    d as u16,
+                    if *causal { Mask::CausalTopLeft } else { Mask::None },
+                    Layout::Dense,
+                    Arch::Sm90a,
+                );
+                if attnforge::plan::short_keys_tiles(&spec).is_some_and(|t| {
+                    Sm90aFwdTiles {
+                        tma_store_o: false,
+                        ..t
+                    } == base
+                }) {
+                    opts.push("=short-keys");
+                }
+                if attnforge::plan::mid_keys_tiles(&spec).is_some_and(|t| {
+                    Sm90aFwdTiles {
+                        tma_store_o: false,
+                        ..t
+                    } == base
+                }) {
+                    opts.push("=mid-keys");
+                }
                 println!(
-                    "tune90 d={d:<3} s={s:<5} causal={causal:<5} consumers={} bn={:<3} stages={} pingpong={:<5} head_major={:<5} {:6.1} TFLOP/s grid={grid}{}{} (rounds {})",
-                    k.plan.block_m / 64,
-                    k.plan.block_n,
-                    k.plan.stages,
-                    k.plan.pingpong,
+                    "tune90 d={d:<3} s={s:<5} causal={causal:<5} consumers={} bn={:<3} stages={} pingpong={:<5} head_major={:<5} opts={:<12} {:6.1} TFLOP/s grid={grid}{}{} (rounds {})",
+                    p.block_m / 64,
+                    p.block_n,
+                    p.stages,
+                    p.pingpong,
                     tiles.head_major,
+                    if opts.is_empty() { "-".to_string() } else { opts.join(",") },
                     median(f),
                     if *rule { " rule" } else { "" },
                     if lk.has_walk() { "" } else { " (module without the walk entry)" },
