@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use attnforge::compile::{CompileRequest, Emit, Nvrtc};
 use attnforge::jit::{Jit, Origin};
-use attnforge::plan::{mid_keys_tiles, short_keys_tiles, variants, Variant};
+use attnforge::plan::{variants, Variant};
 use attnforge::{launch, matrix, plan, render, Arch, AttnSpec};
 use attnforge_cache::{format_size, parse_size, Cache, CacheConfig};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -159,31 +159,47 @@ enum PathArg {
     MidKeys,
 }
 
+impl PathArg {
+    /// The per-call variant that `--path short-keys|mid-keys` names: the
+    /// variant, the keys that take it, and the specs that have one.
+    fn keyed(self) -> Option<(Variant, String, &'static str)> {
+        use attnforge::plan::{MID_KEYS_MAX, SHORT_KEYS_MAX};
+        match self {
+            PathArg::ShortKeys => Some((
+                Variant::ShortKeys,
+                format!("keys up to {SHORT_KEYS_MAX}"),
+                "sm90a forwards whose tiles measured faster at short keys differ from the main plan's",
+            )),
+            PathArg::MidKeys => Some((
+                Variant::MidKeys,
+                format!("keys of {}..={MID_KEYS_MAX}", SHORT_KEYS_MAX + 1),
+                "dense sm90a forwards at d 80..128 without a mask or softcap",
+            )),
+            PathArg::Planner | PathArg::Sm80 => None,
+        }
+    }
+
+    /// The name `--path` takes for it.
+    fn name(self) -> String {
+        self.to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
+    }
+}
+
 /// The plan of `spec` on the requested instruction path.
 fn plan_on(spec: &AttnSpec, path: PathArg) -> Result<attnforge::plan::KernelPlan, String> {
+    if let Some((variant, _, which)) = path.keyed() {
+        let name = path.name();
+        return attnforge::plan::plan_variant(spec, variant)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| {
+                format!("{spec} has no {name} variant (only {which} have one): its other plans serve every length")
+            });
+    }
     match path {
-        PathArg::Planner => plan(spec),
         PathArg::Sm80 => attnforge::plan::plan_sm80_path(spec),
-        PathArg::ShortKeys => {
-            return attnforge::plan::plan_variant(spec, Variant::ShortKeys)
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| {
-                    format!(
-                        "{spec} has no short-keys variant (only sm90a forwards whose tiles measured faster at short \
-                         keys differ from the main plan's have one): its plan serves every length"
-                    )
-                })
-        }
-        PathArg::MidKeys => {
-            return attnforge::plan::plan_variant(spec, Variant::MidKeys)
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| {
-                    format!(
-                        "{spec} has no mid-keys variant (only dense sm90a forwards at d 80..128 without a mask or \
-                         softcap have one): its other plans serve every length"
-                    )
-                })
-        }
+        _ => plan(spec),
     }
     .map_err(|e| e.to_string())
 }
@@ -383,11 +399,7 @@ fn compile(spec: &str, emit: EmitArg, output: Option<PathBuf>, path_arg: PathArg
                     (r.kernel, r.origin)
                 }
                 PathArg::ShortKeys | PathArg::MidKeys => {
-                    let variant = if path_arg == PathArg::ShortKeys {
-                        Variant::ShortKeys
-                    } else {
-                        Variant::MidKeys
-                    };
+                    let (variant, ..) = path_arg.keyed().expect("short-keys and mid-keys name a variant");
                     let r = Jit::global().build_variant(&spec, variant).map_err(|e| e.to_string())?;
                     (r.kernel, r.origin)
                 }
@@ -588,20 +600,16 @@ fn run(cli: Cli) -> CliResult {
                 println!("{}", serde_json::to_string_pretty(&p).map_err(|e| e.to_string())?);
             } else {
                 print!("{p}");
-                if matches!(path, PathArg::Planner) && short_keys_tiles(&spec).is_some() {
-                    println!(
-                        "variant: calls with keys up to {} take the short-keys plan (`attnforge plan {spec} --path \
-                         short-keys`)",
-                        attnforge::plan::SHORT_KEYS_MAX
-                    );
-                }
-                if matches!(path, PathArg::Planner) && mid_keys_tiles(&spec).is_some() {
-                    println!(
-                        "variant: calls with keys of {}..={} take the mid-keys plan (`attnforge plan {spec} --path \
-                         mid-keys`)",
-                        attnforge::plan::SHORT_KEYS_MAX + 1,
-                        attnforge::plan::MID_KEYS_MAX
-                    );
+                if matches!(path, PathArg::Planner) {
+                    for keyed in [PathArg::ShortKeys, PathArg::MidKeys] {
+                        let Some((variant, keys, _)) = keyed.keyed() else {
+                            continue;
+                        };
+                        if variants(&spec).any(|v| v == variant) {
+                            let name = keyed.name();
+                            println!("variant: calls with {keys} take the {name} plan (`attnforge plan {spec} --path {name}`)");
+                        }
+                    }
                 }
             }
             Ok(())
