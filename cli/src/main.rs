@@ -621,6 +621,15 @@ fn run(cli: Cli) -> CliResult {
 }
 
 fn main() -> ExitCode {
+    // A reader that stops early (`attnforge cache ls | head`) ends the
+    // process quietly, as it does other Unix tools, instead of a panic in
+    // `println!` (Rust ignores SIGPIPE by default).
+    #[cfg(unix)]
+    // SAFETY: restores the default disposition of one signal, before any
+    // other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

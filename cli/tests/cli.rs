@@ -547,3 +547,28 @@ fn doctor_shows_the_policy_from_the_environment() {
         text(&out.stdout)
     );
 }
+
+#[cfg(unix)]
+#[test]
+fn a_reader_that_stops_early_ends_the_output_quietly() {
+    // `attnforge plan SPEC | head -1`: the reader is gone before the plan is
+    // printed. The process ends by SIGPIPE (or, had it written everything
+    // first, succeeds), never with a panic from `println!`.
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let mut child = bin()
+        .args(["plan", "fwd.bf16.d128.none.dense.sm90a"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run attnforge");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let err = text(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        out.status.success() || out.status.signal() == Some(13),
+        "{:?}: {err}",
+        out.status
+    );
+}
