@@ -640,32 +640,18 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                 .into_iter()
                 .filter_map(|(on, name)| on.then_some(name))
                 .collect();
-                let base = Sm90aFwdTiles {
+                // The per-call variant with these tiles, TMA stores of O aside.
+                let plain = |t: Sm90aFwdTiles| Sm90aFwdTiles {
                     tma_store_o: false,
-                    ..*tiles
+                    ..t
                 };
-                let spec = AttnSpec::fwd(
-                    DType::Bf16,
-                    d as u16,
-                    if *causal { Mask::CausalTopLeft } else { Mask::None },
-                    Layout::Dense,
-                    Arch::Sm90a,
-                );
-                if attnforge::plan::short_keys_tiles(&spec).is_some_and(|t| {
-                    Sm90aFwdTiles {
-                        tma_store_o: false,
-                        ..t
-                    } == base
-                }) {
-                    opts.push("=short-keys");
-                }
-                if attnforge::plan::mid_keys_tiles(&spec).is_some_and(|t| {
-                    Sm90aFwdTiles {
-                        tma_store_o: false,
-                        ..t
-                    } == base
-                }) {
-                    opts.push("=mid-keys");
+                for (variant, name) in [
+                    (attnforge::plan::short_keys_tiles(&p.spec), "=short-keys"),
+                    (attnforge::plan::mid_keys_tiles(&p.spec), "=mid-keys"),
+                ] {
+                    if variant.is_some_and(|t| plain(t) == plain(*tiles)) {
+                        opts.push(name);
+                    }
                 }
                 println!(
                     "tune90 d={d:<3} s={s:<5} causal={causal:<5} consumers={} bn={:<3} stages={} pingpong={:<5} head_major={:<5} opts={:<12} {:6.1} TFLOP/s grid={grid}{}{} (rounds {})",
