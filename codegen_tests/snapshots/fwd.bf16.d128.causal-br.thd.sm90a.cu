@@ -988,7 +988,11 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     // tile warpgroup 0 starts (the last one arrives on its barrier first);
     // every warpgroup takes n_tiles + 1 turns, and the last one does not pass
     // its last turn (nobody takes it), so the barriers are balanced at every
-    // tile boundary.
+    // tile boundary. In the walk, where the block's next tile has key tiles,
+    // the last warpgroup passes its last turn too, on to warpgroup 0's first
+    // turn of that tile (`turn_passed`, the tile start's arrive skipped), so
+    // that warpgroup 0 starts the next tile's S while the others still do
+    // their last P V and their epilogue.
     auto take_turn = [&]() { named_bar_sync(1 + cw, 256); };
     auto pass_turn = [&](bool last) {
         // (1 + (cw + 1) % CONSUMERS, written 2 - cw for two: the same ids, one instruction)
@@ -1007,10 +1011,23 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     // this tile's epilogue, where their latency hides behind the stores.
     Tile next_w;
     bool have_next = false;
+    bool turn_passed = false;                            // the previous tile's last turn went on to this one
     TILE_LOOP_BEGIN
         const Tile w = WALK && have_next ? next_w : tile_at<WALK>(p, tile);
         have_next = false;
         if (w.n_tiles < 0) continue;
+        // The walk computes the tile this block takes in the next round
+        // (TILE_LOOP_BEGIN's order) after the key loop.
+        auto find_next = [&]() {
+            if constexpr (WALK) {
+                const int nb = round_base + (int)gridDim.x;
+                const int nt = nb + (odd ? (int)blockIdx.x : (int)gridDim.x - 1 - (int)blockIdx.x);
+                if (nt < total_tiles) {
+                    next_w = tile_at<WALK>(p, nt);
+                    have_next = true;
+                }
+            }
+        };
         TRACE(EV_TILE | tile << 8);
         const int n_tiles = w.n_tiles;
         const RowWindow win(w.sq, w.sk, p.window_left, p.window_right);
@@ -1128,7 +1145,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         TRACE(EV_Q_READY);
 
 
-        if (n_tiles > 0 && cw == CONSUMERS - 1) named_bar_arrive(1, 256);
+        if (n_tiles > 0 && cw == CONSUMERS - 1 && !turn_passed) named_bar_arrive(1, 256);
 
         // Software-pipelined by one tile: while the tensor cores run S(it) and
         // P(it-1) V(it-1), the warpgroup waits only for S(it) and does its
@@ -1144,6 +1161,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             wgmma_wait<0>();
             TRACE(EV_S_DONE);
             release_k(0);
+            if (n_tiles == 1) release_q();               // the tile's last S: Q is free for the next tile
             float alpha[2];
             softmax_tile(w.n_begin, alpha);              // O is still zero: alpha unused
             pack_p();
@@ -1166,6 +1184,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             wgmma_wait<1>();                             // S(it) ready; P V may still run
             TRACE(EV_S_DONE | it << 8);
             release_k(it);
+            if (it == n_tiles - 1) release_q();
             float alpha[2];
             softmax_tile(w.n_begin + it * BLOCK_N, alpha);
             TRACE(EV_SOFTMAX_DONE | it << 8);
@@ -1182,14 +1201,18 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             rescale_o(alpha);
             pack_p();
         }
+        // The next tile before the last turn: whether it has key tiles
+        // decides where that turn goes.
+        find_next();
+        const bool chain_turns = WALK && have_next && next_w.n_tiles > 0;
         if (n_tiles > 0) {
-            release_q();                                 // every S of this tile is done
 
             take_turn();
             TRACE(EV_TURN | n_tiles << 8);
             wgmma_fence();
             issue_pv(slot(n_tiles - 1));
-            pass_turn(true);
+            pass_turn(!chain_turns);
+            turn_passed = chain_turns;
             wgmma_wait<0>();
             TRACE(EV_PV_DONE | n_tiles << 8);
             release_v(n_tiles - 1);
@@ -1197,15 +1220,6 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
 
         if (n_tiles > 0) ++q_loads;
         ring_par ^= ring_flips(max(n_tiles, 0));
-        if constexpr (WALK) {
-            // The tile this block takes in the next round (TILE_LOOP_BEGIN's order).
-            const int nb = round_base + (int)gridDim.x;
-            const int nt = nb + (odd ? (int)blockIdx.x : (int)gridDim.x - 1 - (int)blockIdx.x);
-            if (nt < total_tiles) {
-                next_w = tile_at<WALK>(p, nt);
-                have_next = true;
-            }
-        }
 
         // Epilogue: normalize, write O (elements) and LSE (f32, natural log;
         // a null p.lse means not wanted). A quad holds 8 columns of a row per
