@@ -641,15 +641,20 @@ pub fn sm90a_walk_pays(seqlen_k: u32, d: u32, masked: bool, consumers: u32) -> b
 }
 
 /// Where the sm90a forward walks up to twice [`SM90A_WALK_MAX_KEYS`]: at
-/// d <= 64 under a mask, and at d 65..128 with three consumers: a causal
-/// main plan, or [`Variant::MidKeys`] without a mask (d128 at 2k: 619.5
-/// TFLOP/s on the walk against 601.8 one tile per block, H100, session 34).
-/// d64 without a mask stays one tile per block (491.5 against 485.7).
+/// d <= 64 under a mask, at d 65..128 with three consumers (a causal main
+/// plan, or [`Variant::MidKeys`] without a mask; d128 at 2k: 619.5 TFLOP/s on
+/// the walk against 601.8 one tile per block, H100, session 34), and past
+/// d128 without a mask since the walk passes its turns across tiles (d256
+/// at 2k: 692.2 and 696.0 against 667.1 and 673.9 in two pairs of the same
+/// tune, the walk ahead in 6 of 7 rounds of each; H100, session 35,
+/// `docs/benchmarks/2026-12-06-s35-gpu.md` call B). d64 without a mask
+/// stays one tile per block (492.6 against 492.5), and d256 under a mask
+/// too (539.8 and 543.5 against 529.6 and 542.0: inside the rounds' spread).
 fn sm90a_walks_to_2k(d: u32, masked: bool, consumers: u32) -> bool {
     match d {
         0..=64 => masked,
         65..=128 => consumers >= 3,
-        _ => false,
+        _ => !masked,
     }
 }
 
@@ -1249,7 +1254,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
                 )
             } else if sm90a_walks_to_2k(dmax, spec.mask != Mask::None, consumers) {
                 format!(
-                    "{} (three consumers up to d128, or under a mask at d <= 64)",
+                    "{} (three consumers up to d128, under a mask at d <= 64, without one past d128)",
                     2 * SM90A_WALK_MAX_KEYS
                 )
             } else {
@@ -2143,10 +2148,11 @@ mod tests {
                     assert!(walks(513) && walks(SM90A_WALK_MAX_KEYS));
                     assert!(!walks(4096));
                     // 2k: d64 under a mask; d128 with three consumers (a
-                    // causal main plan, or the mid-keys variant without a mask).
+                    // causal main plan, or the mid-keys variant without a
+                    // mask); d256 without a mask.
                     let to_2k = match (d, masked, consumers) {
-                        (64, true, _) | (128, _, 3) => true,
-                        (64, false, _) | (128, _, 2) | (256, _, _) => false,
+                        (64, true, _) | (128, _, 3) | (256, false, _) => true,
+                        (64, false, _) | (128, _, 2) | (256, true, _) => false,
                         _ => unreachable!(),
                     };
                     assert_eq!(walks(2048), to_2k, "d{d} masked={masked} consumers={consumers}");
