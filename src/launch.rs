@@ -1010,7 +1010,7 @@ pub fn walk_grid(
     let d = plan.head_dim_qk_padded.max(plan.head_dim_v_padded);
     let cap = match cap {
         _ if one_tile.1 > 65535 => resident,
-        0 if crate::plan::sm90a_walk_pays(p.seqlen_k, d, plan.spec.mask != Mask::None, plan.block_m / 64) => resident,
+        0 if crate::plan::sm90a_walk_pays(p.seqlen_k, &plan.spec, d, plan.block_m / 64) => resident,
         0 | ONE_TILE => return None,
         c => c,
     };

@@ -614,10 +614,11 @@ fn fwd_sm90a_smem(block_m: u32, block_n: u32, stages: u32, qk_chunks: u32, v_chu
     tiles + 1024 + 8 * (2 + 4 * stages)
 }
 
-/// Whether the sm90a forward should take its persistent walk entry
+/// Whether the sm90a forward of `spec` should take its persistent walk entry
 /// ([`GridRule::TilesOrWalk`]) for keys this long (dense `seqlen_k`, ragged
-/// maximum) at head dim `d` (the larger of d_qk and d_v), `masked` when the
-/// spec has a mask, with `consumers` consumer warpgroups (block_m / 64). H200,
+/// maximum) at head dim `d` (the larger of the plan's d_qk and d_v), with
+/// `consumers` consumer warpgroups (block_m / 64); the spec's mask and layout
+/// count. H200,
 /// 2026-12-04 (`gpu_bench --tune90`, same process,
 /// docs/benchmarks/2026-12-04-s9-tune90.md and -s10-tune90.md): the walk
 /// overlaps a tile's epilogue with the next one's Q load and wins where tiles
@@ -633,28 +634,32 @@ fn fwd_sm90a_smem(block_m: u32, block_n: u32, stages: u32, qk_chunks: u32, v_chu
 /// (418 vs 405, 442 vs 414), so past d128 a mask keeps one tile per block up
 /// to [`SM90A_ONE_TILE_MASKED_MAX_KEYS`]; three consumers under a mask walk
 /// up to 2k (d128 causal 2k: 487 walk vs 472 one tile).
-pub fn sm90a_walk_pays(seqlen_k: u32, d: u32, masked: bool, consumers: u32) -> bool {
+pub fn sm90a_walk_pays(seqlen_k: u32, spec: &AttnSpec, d: u32, consumers: u32) -> bool {
+    let masked = spec.mask != Mask::None;
     if masked && d > 128 && seqlen_k <= SM90A_ONE_TILE_MASKED_MAX_KEYS {
         return false;
     }
-    seqlen_k <= SM90A_WALK_MAX_KEYS || (sm90a_walks_to_2k(d, masked, consumers) && seqlen_k <= 2 * SM90A_WALK_MAX_KEYS)
+    seqlen_k <= SM90A_WALK_MAX_KEYS || (sm90a_walks_to_2k(spec, d, consumers) && seqlen_k <= 2 * SM90A_WALK_MAX_KEYS)
 }
 
 /// Where the sm90a forward walks up to twice [`SM90A_WALK_MAX_KEYS`]: at
 /// d <= 64 under a mask, at d 65..128 with three consumers (a causal main
 /// plan, or [`Variant::MidKeys`] without a mask; d128 at 2k: 619.5 TFLOP/s on
 /// the walk against 601.8 one tile per block, H100, session 34), and past
-/// d128 without a mask since the walk passes its turns across tiles (d256
-/// at 2k: 692.2 and 696.0 against 667.1 and 673.9 in two pairs of the same
-/// tune, the walk ahead in 6 of 7 rounds of each; H100, session 35,
-/// `docs/benchmarks/2026-12-06-s35-gpu.md` call B). d64 without a mask
-/// stays one tile per block (492.6 against 492.5), and d256 under a mask
-/// too (539.8 and 543.5 against 529.6 and 542.0: inside the rounds' spread).
-fn sm90a_walks_to_2k(d: u32, masked: bool, consumers: u32) -> bool {
+/// d128 on dense tensors without a mask since the walk passes its turns
+/// across tiles (d256 at 2k: 692.2 and 696.0 against 667.1 and 673.9 in two
+/// pairs of the same tune, the walk ahead in 6 of 7 rounds of each; H100,
+/// session 35, `docs/benchmarks/2026-12-06-s35-gpu.md` call B; ragged batches
+/// keep their longest-first one-tile order there, unmeasured on the walk).
+/// d64 without a mask stays one tile per block (492.6 against 492.5), and
+/// d256 under a mask too (539.8 and 543.5 against 529.6 and 542.0: inside the
+/// rounds' spread).
+fn sm90a_walks_to_2k(spec: &AttnSpec, d: u32, consumers: u32) -> bool {
+    let masked = spec.mask != Mask::None;
     match d {
         0..=64 => masked,
         65..=128 => consumers >= 3,
-        _ => !masked,
+        _ => !masked && spec.layout == Layout::Dense,
     }
 }
 
@@ -949,7 +954,7 @@ pub fn ragged_order(lens_q: &[u32], lens_k: &[u32], heads_q: u32, m: u32, block_
 }
 
 /// Longest keys for which the sm90a forward walks its tiles at any head dim
-/// (twice as long at d <= 64 under a mask); see [`sm90a_walk_pays`].
+/// (twice as long for some plans: [`sm90a_walk_pays`]).
 pub const SM90A_WALK_MAX_KEYS: u32 = 1024;
 
 /// Keys up to which a masked sm90a forward past d128 takes one tile per block
@@ -1252,9 +1257,9 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
                      {SM90A_ONE_TILE_MASKED_MAX_KEYS}: measured +15% at d256 causal, seqlen 512)",
                     SM90A_ONE_TILE_MASKED_MAX_KEYS + 1
                 )
-            } else if sm90a_walks_to_2k(dmax, spec.mask != Mask::None, consumers) {
+            } else if sm90a_walks_to_2k(spec, dmax, consumers) {
                 format!(
-                    "{} (three consumers up to d128, under a mask at d <= 64, without one past d128)",
+                    "{} (three consumers up to d128, under a mask at d <= 64, dense without one past d128)",
                     2 * SM90A_WALK_MAX_KEYS
                 )
             } else {
@@ -1590,7 +1595,7 @@ mod tests {
             // The launcher walks it at 2k (and one tile per block past 2k,
             // where no call takes it).
             let d = d_qk.max(d_v) as u32;
-            assert!(sm90a_walk_pays(MID_KEYS_MAX, d, false, 3) && !sm90a_walk_pays(MID_KEYS_MAX, d, false, 2));
+            assert!(sm90a_walk_pays(MID_KEYS_MAX, &spec, d, 3) && !sm90a_walk_pays(MID_KEYS_MAX, &spec, d, 2));
         }
         // None elsewhere: under a mask, ragged, softcap, d64 and d256, sm80, backward.
         let d128 = AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Dense, Arch::Sm90a);
@@ -2139,23 +2144,32 @@ mod tests {
                 }
             }
         }
-        for d in [64, 128, 256] {
-            for masked in [false, true] {
+        for d in [64u32, 128, 256] {
+            for (mask, layout) in [
+                (Mask::None, Layout::Dense),
+                (Mask::CausalTopLeft, Layout::Dense),
+                (Mask::None, Layout::Thd),
+                (Mask::CausalBottomRight, Layout::Thd),
+            ] {
+                let masked = mask != Mask::None;
+                let dense = layout == Layout::Dense;
+                let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, layout, Arch::Sm90a);
                 for consumers in [2, 3] {
-                    let walks = |s| sm90a_walk_pays(s, d, masked, consumers);
+                    let walks = |s| sm90a_walk_pays(s, &spec, d, consumers);
                     // Past d128 a mask keeps one tile per block up to 512 keys.
                     assert_eq!(walks(512), !(masked && d > 128));
                     assert!(walks(513) && walks(SM90A_WALK_MAX_KEYS));
                     assert!(!walks(4096));
                     // 2k: d64 under a mask; d128 with three consumers (a
                     // causal main plan, or the mid-keys variant without a
-                    // mask); d256 without a mask.
+                    // mask); d256 on dense tensors without a mask.
                     let to_2k = match (d, masked, consumers) {
-                        (64, true, _) | (128, _, 3) | (256, false, _) => true,
+                        (64, true, _) | (128, _, 3) => true,
+                        (256, false, _) => dense,
                         (64, false, _) | (128, _, 2) | (256, true, _) => false,
                         _ => unreachable!(),
                     };
-                    assert_eq!(walks(2048), to_2k, "d{d} masked={masked} consumers={consumers}");
+                    assert_eq!(walks(2048), to_2k, "{spec} consumers={consumers}");
                     assert!(!walks(2049));
                 }
             }
