@@ -1007,8 +1007,10 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     unsigned pa[BLOCK_N / 16][4];                        // P, the A operand of P V
     unsigned ring_par = 0;
     int q_loads = 0;
-    // The walk computes the next tile's coordinates (integer divisions) before
-    // this tile's epilogue, where their latency hides behind the stores.
+    // The walk computes the tile this block takes in the next round
+    // (TILE_LOOP_BEGIN's order; integer divisions) after the key loop, before
+    // the last turn, whose target depends on it, and the epilogue
+    // (`find_next`): their latency hides behind the turn's wait and the stores.
     Tile next_w;
     bool have_next = false;
     bool turn_passed = false;                            // the previous tile's last turn went on to this one
@@ -1016,8 +1018,6 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         const Tile w = WALK && have_next ? next_w : tile_at<WALK>(p, tile);
         have_next = false;
         if (w.n_tiles < 0) continue;
-        // The walk computes the tile this block takes in the next round
-        // (TILE_LOOP_BEGIN's order) after the key loop.
         auto find_next = [&]() {
             if constexpr (WALK) {
                 const int nb = round_base + (int)gridDim.x;
@@ -1201,8 +1201,6 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             rescale_o(alpha);
             pack_p();
         }
-        // The next tile before the last turn: whether it has key tiles
-        // decides where that turn goes.
         find_next();
         const bool chain_turns = WALK && have_next && next_w.n_tiles > 0;
         if (n_tiles > 0) {
