@@ -1308,8 +1308,8 @@ fn trace80f(rng: &mut rand::rngs::StdRng) {
 /// the dir's one cubin of the same spec under another tile plan, if its plan
 /// sidecar is beside it (a branch that changes the planner's tiles; the A/B
 /// then launches it with that plan).
-fn ab_file(dir: &str, spec: &AttnSpec, file: &str) -> String {
-    let prefix = format!("{spec}.c");
+fn ab_file(dir: &str, stem: &str, file: &str) -> String {
+    let prefix = format!("{stem}.c");
     if std::path::Path::new(dir).join(file).exists() || !file.starts_with(&prefix) {
         return file.to_string();
     }
@@ -1324,7 +1324,7 @@ fn ab_file(dir: &str, spec: &AttnSpec, file: &str) -> String {
     other.sort();
     match other.as_slice() {
         [one] => {
-            println!("ab {spec}: {dir} has {one} (another tile plan) in place of {file}");
+            println!("ab {stem}: {dir} has {one} (another tile plan) in place of {file}");
             one.clone()
         }
         _ => file.to_string(),
@@ -1333,7 +1333,9 @@ fn ab_file(dir: &str, spec: &AttnSpec, file: &str) -> String {
 
 /// Same-process A/B of the planner's kernels against carried cubins
 /// (`--ab DIR[,DIR...]`, session step `ab`, dirs from `scripts/ab-cubins.sh REV DIR`):
-/// the sm90a forward (`{spec}.c{consumers}.bn{block_n}.st{stages}.cubin`, both
+/// the sm90a forward in the variant a call of the cell takes
+/// (`{spec}{variant suffix}.c{consumers}.bn{block_n}.st{stages}.cubin`: the
+/// short-keys plan at 512, the mid-keys one at 2k where the spec has them; both
 /// entries, the launcher's rule: the walk for short keys), the planner's
 /// backward (`{spec}.cubin`: the sm80 instruction path at d256, the wgmma
 /// backward at d64/d128, marked `bwd90`), and the sm80
@@ -1350,8 +1352,9 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
     // The planner's kernel and each dir's cubin of the same plan under `file`.
     let modules = |spec: &AttnSpec, planned: &attnforge::CompiledKernel, file: &str| {
         let mut kernels = vec![("this tree".to_string(), planned.clone())];
+        let stem = format!("{spec}{}", planned.variant.suffix());
         for dir in dirs {
-            let file = ab_file(dir, spec, file);
+            let file = ab_file(dir, &stem, file);
             let file = file.as_str();
             match std::fs::read(std::path::Path::new(dir).join(file)) {
                 Ok(bytes) => {
@@ -1474,9 +1477,21 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
             let k = attnforge::jit::build_plan(plan).expect("build");
             (k, format!("{spec}.sm80path.cubin"), "fwd80 ")
         } else {
-            let k = (*attnforge::get_or_build(&spec).expect("build")).clone();
+            // The variant a call of this problem takes (the launcher's rule:
+            // dense seqlen_k, ragged the longest sequence).
+            let keys = if ragged {
+                ragged_lens_ab.iter().copied().max().unwrap_or(0)
+            } else {
+                s
+            };
+            let variant = attnforge::plan::Variant::for_keys(&spec, keys as u32);
+            let k = (*attnforge::Jit::global()
+                .get_or_build_variant(&spec, variant)
+                .expect("build"))
+            .clone();
             let file = format!(
-                "{spec}.c{}.bn{}.st{}.cubin",
+                "{spec}{}.c{}.bn{}.st{}.cubin",
+                variant.suffix(),
                 k.plan.block_m / 64,
                 k.plan.block_n,
                 k.plan.stages
@@ -1487,6 +1502,11 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
         if runs.len() < 2 {
             continue;
         }
+        let variant = match planned.variant {
+            attnforge::plan::Variant::ShortKeys => " short-keys",
+            attnforge::plan::Variant::MidKeys => " mid-keys",
+            _ => "",
+        };
         let h = 2048 / d;
         let (_buffers, fa, flops) = if ragged {
             let (bufs, fa) = ragged_problem(d, &ragged_lens_ab, rng);
@@ -1509,7 +1529,7 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
                 &format!("{what}d={d:<3} s={seq:<5} causal={causal:<5}"),
                 name,
                 f,
-                entry_of(lk, &fa),
+                &format!("{}{variant}", entry_of(lk, &fa)),
             );
         }
     }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the cubins of another revision for `gpu_bench --ab` (session step
 # `ab`): a worktree of REV, its CLI, and one cubin per cell of the A/B (sm90a
-# forward; d256 backward; the sm80 path's forward and d64/d128 backward),
+# forward: the main plan and the short/mid-keys variants that calls take;
+# d256 backward; the sm80 path's forward and d64/d128 backward),
 # named as gpu_bench looks them up, into DIR
 # (default .gpu/ab), each with its plan beside it ({cubin}.plan.json: the
 # A/B launches the cubin with that revision's launch geometry).
@@ -32,6 +33,17 @@ for spec in fwd.bf16.d64.none.dense.sm90a fwd.bf16.d64.causal-tl.dense.sm90a fwd
   read -r bm bn st < <("$cli" plan "$spec" | sed -n 's/^tile .*block_m=\([0-9]*\) block_n=\([0-9]*\) .*stages=\([0-9]*\).*/\1 \2 \3/p')
   "$cli" compile "$spec" -o "$dir/$spec.c$((bm / 64)).bn$bn.st$st.cubin"
   "$cli" plan "$spec" --json > "$dir/$spec.c$((bm / 64)).bn$bn.st$st.cubin.plan.json"
+  # The per-call variants (plan::Variant) that the A/B times where calls take
+  # them (keys up to 1024; 1025..=2048), named {spec}.short... / {spec}.mid...;
+  # a spec without the variant (or a revision without --path) has no such file.
+  for v in short-keys:short mid-keys:mid; do
+    path=${v%%:*} tag=${v##*:}
+    read -r bm bn st < <("$cli" plan "$spec" --path "$path" 2>/dev/null \
+      | sed -n 's/^tile .*block_m=\([0-9]*\) block_n=\([0-9]*\) .*stages=\([0-9]*\).*/\1 \2 \3/p') || continue
+    [ -n "${bm:-}" ] || continue
+    f="$dir/$spec.$tag.c$((bm / 64)).bn$bn.st$st.cubin"
+    "$cli" compile "$spec" --path "$path" -o "$f" && "$cli" plan "$spec" --path "$path" --json > "$f.plan.json"
+  done
 done
 # The backward cells of the planner (the sm80 instruction path at d256, the
 # wgmma backward at d64/d128), named by spec.
