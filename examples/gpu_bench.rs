@@ -181,8 +181,15 @@ fn time_back_to_back_ms(mut f: impl FnMut(), iters: usize, reps: usize) -> f64 {
     median(&v)
 }
 
-/// " (walk)" or " (one tile)" where the kernel has both entries: the one the
-/// launcher takes for `fa`; empty otherwise.
+/// " short-keys" / " mid-keys" for a per-call variant; empty for the main plan.
+fn variant_label(v: attnforge::plan::Variant) -> &'static str {
+    match v {
+        attnforge::plan::Variant::ShortKeys => " short-keys",
+        attnforge::plan::Variant::MidKeys => " mid-keys",
+        _ => "",
+    }
+}
+
 /// The sm90a forward's consumers and block_n, and the variant, for the
 /// bench's template column.
 fn tile_label(k: &attnforge::CompiledKernel) -> String {
@@ -193,14 +200,12 @@ fn tile_label(k: &attnforge::CompiledKernel) -> String {
         " {}x64 bn{}{}",
         k.plan.block_m / 64,
         k.plan.block_n,
-        match k.variant {
-            attnforge::plan::Variant::ShortKeys => " short-keys",
-            attnforge::plan::Variant::MidKeys => " mid-keys",
-            _ => "",
-        }
+        variant_label(k.variant)
     )
 }
 
+/// " (walk)" or " (one tile)" where the kernel has both entries: the one the
+/// launcher takes for `fa`; empty otherwise.
 fn entry_of(lk: &launch::LoadedKernel, fa: &FwdArgs) -> &'static str {
     match (lk.has_walk(), lk.walks(fa), lk.pairs(fa)) {
         (true, Ok(true), _) => " (walk)",
@@ -1502,11 +1507,7 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
         if runs.len() < 2 {
             continue;
         }
-        let variant = match planned.variant {
-            attnforge::plan::Variant::ShortKeys => " short-keys",
-            attnforge::plan::Variant::MidKeys => " mid-keys",
-            _ => "",
-        };
+        let variant = variant_label(planned.variant);
         let h = 2048 / d;
         let (_buffers, fa, flops) = if ragged {
             let (bufs, fa) = ragged_problem(d, &ragged_lens_ab, rng);
