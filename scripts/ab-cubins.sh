@@ -29,20 +29,21 @@ for spec in fwd.bf16.d64.none.dense.sm90a fwd.bf16.d64.causal-tl.dense.sm90a fwd
             fwd.bf16.d256.none.dense.sm90a fwd.bf16.d256.causal-tl.dense.sm90a \
             fwd.bf16.d128.none.thd.sm90a fwd.bf16.d128.causal-br.thd.sm90a \
             fwd.bf16.d256.none.thd.sm90a fwd.bf16.d256.causal-br.thd.sm90a; do
-  # The plan's consumers, block_n and stages name the file (as in examples/gpu_bench.rs).
-  read -r bm bn st < <("$cli" plan "$spec" | sed -n 's/^tile .*block_m=\([0-9]*\) block_n=\([0-9]*\) .*stages=\([0-9]*\).*/\1 \2 \3/p')
-  "$cli" compile "$spec" -o "$dir/$spec.c$((bm / 64)).bn$bn.st$st.cubin"
-  "$cli" plan "$spec" --json > "$dir/$spec.c$((bm / 64)).bn$bn.st$st.cubin.plan.json"
-  # The per-call variants (plan::Variant) that the A/B times where calls take
-  # them (keys up to 1024; 1025..=2048), named {spec}.short... / {spec}.mid...;
-  # a spec without the variant (or a revision without --path) has no such file.
-  for v in short-keys:short mid-keys:mid; do
+  # One cubin (and its plan) per plan: the main one, then the per-call variants
+  # (plan::Variant) that the A/B times where calls take them (keys up to 1024;
+  # 1025..=2048), named {spec}.short... / {spec}.mid...; a spec without the
+  # variant (or a revision without --path) has none. The plan's consumers,
+  # block_n and stages name the file (as in examples/gpu_bench.rs).
+  for v in :: short-keys:.short mid-keys:.mid; do
     path=${v%%:*} tag=${v##*:}
-    read -r bm bn st < <("$cli" plan "$spec" --path "$path" 2>/dev/null \
-      | sed -n 's/^tile .*block_m=\([0-9]*\) block_n=\([0-9]*\) .*stages=\([0-9]*\).*/\1 \2 \3/p') || continue
-    [ -n "${bm:-}" ] || continue
-    f="$dir/$spec.$tag.c$((bm / 64)).bn$bn.st$st.cubin"
-    "$cli" compile "$spec" --path "$path" -o "$f" && "$cli" plan "$spec" --path "$path" --json > "$f.plan.json"
+    opt=(); [ -z "$path" ] || opt=(--path "$path")
+    bm=""
+    read -r bm bn st < <("$cli" plan "$spec" "${opt[@]}" 2>/dev/null \
+      | sed -n 's/^tile .*block_m=\([0-9]*\) block_n=\([0-9]*\) .*stages=\([0-9]*\).*/\1 \2 \3/p') || true
+    [ -n "$bm" ] || continue
+    f="$dir/$spec$tag.c$((bm / 64)).bn$bn.st$st.cubin"
+    "$cli" compile "$spec" "${opt[@]}" -o "$f"
+    "$cli" plan "$spec" "${opt[@]}" --json > "$f.plan.json"
   done
 done
 # The backward cells of the planner (the sm80 instruction path at d256, the
