@@ -27,6 +27,11 @@ constexpr int QK_CHUNKS = 4;           // 64-element (128-byte) column chunks of
 constexpr int V_CHUNKS = 4;
 constexpr int QK_KSTEPS = 16;           // 16-wide k-steps of S = QK^T
 constexpr int MASK_KIND = 0;
+// A consumer warpgroup stops at the last key tile its rows see, where a whole
+// key tile can lie past the first warpgroup's rows under a mask bounded on the
+// right (block_n <= block_m - 64). Not elsewhere: in session 36's A/B (H100)
+// the check cost ~1% where it never stops a warpgroup.
+constexpr bool WG_STOPS = MASK_KIND != 0 && BLOCK_N <= BLOCK_M - 64;
 constexpr bool IS_THD = false;
 constexpr bool SOFTCAP = false;
 // The softmax's lazy reference max and O's skipped rescale (common/softmax.cuh),
@@ -1151,6 +1156,23 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             }
         };
 
+        // The key tiles this warpgroup's rows see (WG_STOPS): a prefix of the
+        // tile's (under a causal mask, or a window bounded on the right, a
+        // later warpgroup sees more keys); none where its rows lie outside the
+        // sequence. From key tile `mine` on the warpgroup only takes its
+        // turns and releases the K/V slots (the tiles would add exact zeros).
+        // Elsewhere mine = n_tiles, and the branches on it fold away.
+        int mine = n_tiles;
+        if constexpr (WG_STOPS) {
+            const int r_lo = max(w.m0 + cw * 64, 0), r_hi = min(w.m0 + cw * 64 + 63, w.sq - 1);
+            if (r_lo > r_hi) {
+                mine = 0;
+            } else if (MASK_KIND != 0) {
+                const int end = min(w.sk, win.key_hi(r_hi) + 1);
+                mine = end > w.n_begin ? (end - w.n_begin + BLOCK_N - 1) / BLOCK_N : 0;
+            }
+            mine = max(min(mine, n_tiles), 0);
+        }
         if (n_tiles > 0) mbar_wait(bar_q, q_loads & 1);
         TRACE(EV_Q_READY);
 
@@ -1160,7 +1182,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         // Software-pipelined by one tile: while the tensor cores run S(it) and
         // P(it-1) V(it-1), the warpgroup waits only for S(it) and does its
         // softmax as the P V product finishes.
-        if (n_tiles > 0) {
+        if (mine > 0) {
             mbar_wait(k_full(slot(0)), phase(0));
             TRACE(EV_K_READY);
             take_turn();
@@ -1171,7 +1193,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             wgmma_wait<0>();
             TRACE(EV_S_DONE);
             release_k(0);
-            if (n_tiles == 1) release_q();               // the tile's last S: Q is free for the next tile
+            if (mine == 1) release_q();                  // this warpgroup's last S: Q is free for the next tile
             float alpha[2];
             softmax_tile(w.n_begin, alpha);              // O is still zero: alpha unused
             pack_p();
@@ -1181,7 +1203,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             TRACE(EV_V_READY);
 
         }
-        for (int it = 1; it < n_tiles; ++it) {
+        for (int it = 1; it < mine; ++it) {
             mbar_wait(k_full(slot(it)), phase(it));
             TRACE(EV_K_READY | it << 8);
 
@@ -1194,7 +1216,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             wgmma_wait<1>();                             // S(it) ready; P V may still run
             TRACE(EV_S_DONE | it << 8);
             release_k(it);
-            if (it == n_tiles - 1) release_q();
+            if (it == mine - 1) release_q();
             float alpha[2];
             softmax_tile(w.n_begin + it * BLOCK_N, alpha);
             TRACE(EV_SOFTMAX_DONE | it << 8);
@@ -1213,17 +1235,44 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         }
         find_next();
         const bool chain_turns = WALK && have_next && next_w.n_tiles > 0;
-        if (n_tiles > 0) {
+        // This warpgroup's last P V, in its turn `mine` (the tile's last turn
+        // where it sees all key tiles).
+        if (mine > 0) {
+            if (mine < n_tiles) mbar_wait(k_full(slot(mine)), phase(mine));
 
             take_turn();
-            TRACE(EV_TURN | n_tiles << 8);
+            TRACE(EV_TURN | mine << 8);
             wgmma_fence();
-            issue_pv(slot(n_tiles - 1));
-            pass_turn(!chain_turns);
-            turn_passed = chain_turns;
+            issue_pv(slot(mine - 1));
+            pass_turn(mine == n_tiles && !chain_turns);
+            if (mine < n_tiles) {
+                release_k(mine);
+
+                mbar_wait(v_full(slot(mine)), phase(mine));
+
+            }
             wgmma_wait<0>();
-            TRACE(EV_PV_DONE | n_tiles << 8);
-            release_v(n_tiles - 1);
+            TRACE(EV_PV_DONE | mine << 8);
+            release_v(mine - 1);
+        }
+        // The turns past it (none where it sees all key tiles): each passes
+        // on at once and releases the K and V slots that the others read.
+        if (n_tiles > 0) {
+            if (mine == 0) release_q();
+            for (int it = mine > 0 ? mine + 1 : 0; it <= n_tiles; ++it) {
+                if (it < n_tiles) mbar_wait(k_full(slot(it)), phase(it));
+
+                take_turn();
+                pass_turn(it == n_tiles && !chain_turns);
+                if (it < n_tiles) {
+                    release_k(it);
+
+                    mbar_wait(v_full(slot(it)), phase(it));
+
+                }
+                if (it > 0) release_v(it - 1);
+            }
+            turn_passed = chain_turns;
         }
 
         if (n_tiles > 0) ++q_loads;
