@@ -17,9 +17,17 @@ use attnforge::plan::{variants, Variant};
 use attnforge::{matrix, Arch, AttnSpec};
 use attnforge_cache::{Cache, CacheConfig};
 
-/// (registers, spill bytes, stack bytes, smem bytes, threads, compile ms) of one
-/// CUBIN: the maximum (spills: the sum) over its entry points.
-type Row = (u32, u32, u32, u32, u32, f64);
+/// (registers, spill bytes, stack bytes, smem bytes, threads, compile ms,
+/// wgmma serialized) of one CUBIN: the maximum (spills: the sum) over its
+/// entry points.
+type Row = (u32, u32, u32, u32, u32, f64, bool);
+
+/// Whether ptxas serialized a kernel's wgmma instructions (C7510..C7515:
+/// every `wgmma.mma_async` waits for the previous one, which costs a sm90a
+/// forward 10-40% without any spill to show it).
+fn wgmma_serialized(log: &str) -> bool {
+    log.contains("wgmma.mma_async instructions are serialized")
+}
 
 /// Stack frame allowed per thread (bytes): a few words for the ABI, no arrays.
 const MAX_STACK: u32 = 64;
@@ -123,6 +131,7 @@ fn every_matrix_spec_compiles_without_spills() {
                             m.smem_dynamic + smem_static,
                             r.kernel.plan.threads(),
                             m.compile_ms,
+                            wgmma_serialized(&m.log),
                         ))
                     });
                 rows.lock().unwrap().push((format!("{spec}{}", variant.suffix()), r));
@@ -139,7 +148,7 @@ fn every_matrix_spec_compiles_without_spills() {
     let _ = writeln!(
         md,
         "Written by `make sweep` / `make test` (codegen_tests/tests/sweep.rs): NVRTC {} into a fresh cache, \
-         {} specs and {} kernels (`.short` and `.mid`: the variants for keys up to 1024 and of 1025..=2048). Checks: compiles, no spills, stack <= {MAX_STACK} B, registers <= 255, shared memory within the arch limit, \
+         {} specs and {} kernels (`.short` and `.mid`: the variants for keys up to 1024 and of 1025..=2048). Checks: compiles, no spills, no wgmma serialized by ptxas, stack <= {MAX_STACK} B, registers <= 255, shared memory within the arch limit, \
          every entry's parameters as the launcher passes them.\n",
         nvrtc.version_string(),
         specs.len(),
@@ -154,7 +163,7 @@ fn every_matrix_spec_compiles_without_spills() {
     let _ = writeln!(md, "|---|---|---|---|---|");
     for (spec, r) in &rows {
         match r {
-            Ok((regs, spill, stack, smem, threads, ms)) => {
+            Ok((regs, spill, stack, smem, threads, ms, serialized)) => {
                 times.push(*ms);
                 let spec_only = [Variant::ShortKeys, Variant::MidKeys]
                     .iter()
@@ -164,6 +173,9 @@ fn every_matrix_spec_compiles_without_spills() {
                 let mut bad = Vec::new();
                 if *spill > 0 {
                     bad.push(format!("{spill} B spilled"));
+                }
+                if *serialized {
+                    bad.push("wgmma serialized by ptxas".to_string());
                 }
                 if *stack > MAX_STACK {
                     bad.push(format!("stack {stack} B"));
