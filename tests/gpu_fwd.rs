@@ -46,9 +46,8 @@ fn cases() -> Vec<Case> {
         dense("fwd.f16.d64.causal-br.dense.softcap.sm80", 1, 4, 4, 127, 127).softcap(5.0),
         dense("fwd.bf16.d128.none.dense.sm90a", 2, 8, 1, 1000, 1000),
         dense("fwd.bf16.d128.causal-br.dense.sm90a", 1, 4, 4, 4097, 4097),
-        // Top-left causal at short odd keys (the short-keys plan, two consumers
-        // at block_n 128: the first warpgroup's diagonal tiles on their first
-        // half), GQA.
+        // Top-left causal at short odd keys (the short-keys plan: two consumers
+        // at block_n 128, the causal diagonal inside each 128-key tile), GQA.
         dense("fwd.bf16.d64.causal-tl.dense.sm90a", 2, 4, 2, 517, 517),
         // Even query blocks: the one-tile entry runs as clusters of two (K/V
         // multicast), also with three 64-column chunks split 2 + 1.
