@@ -231,8 +231,9 @@ fn every_matrix_spec_compiles_without_spills() {
 
 /// The sm90a forward's consumer schedules that no default plan uses (one
 /// tile at a time; pipelined without ping-pong; persistent), on two consumer
-/// warpgroups, the other tile order and consumer count stay compilable and
-/// spill-free: `gpu_bench --tune90` times them against the default.
+/// warpgroups, the other tile order and consumer count stay compilable,
+/// spill-free and with their wgmmas not serialized: `gpu_bench --tune90`
+/// times them against the default.
 #[test]
 fn sm90a_forward_schedule_variants_compile_without_spills() {
     use attnforge::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
@@ -271,6 +272,10 @@ fn sm90a_forward_schedule_variants_compile_without_spills() {
             assert_eq!(plan.grid == attnforge::plan::GridRule::TilesOrWalk, persistent);
             let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} {tiles:?}: {e}"));
             assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
+            assert!(
+                !wgmma_serialized(&k.meta.log),
+                "{spec} {tiles:?}: wgmma serialized by ptxas"
+            );
             assert!(k.meta.registers > 0, "{spec} {tiles:?}: no ptxas resources");
         }
         // The other tile order than the planner's, with the other row sums
@@ -285,6 +290,10 @@ fn sm90a_forward_schedule_variants_compile_without_spills() {
         assert_eq!(plan.head_major, !planned.head_major);
         let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} {tiles:?}: {e}"));
         assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
+        assert!(
+            !wgmma_serialized(&k.meta.log),
+            "{spec} {tiles:?}: wgmma serialized by ptxas"
+        );
         // Three consumer warpgroups (160 registers each) where S, P and O fit.
         if d <= 128 {
             let tiles = Sm90aFwdTiles {
@@ -296,6 +305,10 @@ fn sm90a_forward_schedule_variants_compile_without_spills() {
             assert_eq!((plan.block_m, plan.num_warps), (192, 16));
             let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} {tiles:?}: {e}"));
             assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
+            assert!(
+                !wgmma_serialized(&k.meta.log),
+                "{spec} {tiles:?}: wgmma serialized by ptxas"
+            );
         }
     }
     // The clusters-of-two option (K/V multicast) on the no-mask dense specs
@@ -315,6 +328,10 @@ fn sm90a_forward_schedule_variants_compile_without_spills() {
         assert_eq!(plan.cluster_m, 2, "{spec}");
         let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} {tiles:?}: {e}"));
         assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
+        assert!(
+            !wgmma_serialized(&k.meta.log),
+            "{spec} {tiles:?}: wgmma serialized by ptxas"
+        );
     }
     // O through shared memory by TMA stores (off by default; dense) where
     // the staging fits: d64's three consumers (with the end-aligned causal
@@ -337,6 +354,10 @@ fn sm90a_forward_schedule_variants_compile_without_spills() {
         assert!(plan.tma_store_o, "{spec}: the staging fits");
         let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} {tiles:?}: {e}"));
         assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
+        assert!(
+            !wgmma_serialized(&k.meta.log),
+            "{spec} {tiles:?}: wgmma serialized by ptxas"
+        );
     }
 }
 
