@@ -649,6 +649,13 @@ constexpr unsigned OFF_O = OFF_ONES + (ROWSUM_MMA ? 1024u : 0u);
 constexpr unsigned OFF_BAR = OFF_O + (O_TMA ? CONSUMERS * O_STAGE_BYTES : 0u);   // q_full, q_empty, k_full[S], v_full[S], k_empty[S], v_empty[S]
 static_assert(!O_TMA || !IS_THD, "a TMA box would cross into the next sequence's rows");
 
+// The key tiles from n_begin on that rows up to `row` see: through the last
+// key of `row` (masks bounded on the right give later rows more keys).
+__device__ __forceinline__ int key_tiles_through(const RowWindow& win, int sk, int n_begin, int row) {
+    const int n_end = min(sk, win.key_hi(row) + 1);
+    return n_end > n_begin ? (n_end - n_begin + BLOCK_N - 1) / BLOCK_N : 0;
+}
+
 // One work tile: query rows [m0, m0 + BLOCK_M) of (batch b, head h), and the
 // key tiles [n_begin, n_begin + n_tiles * BLOCK_N) that they see. n_tiles is
 // -1 when the tile has no query rows (past a ragged sequence's end: skipped)
@@ -745,8 +752,7 @@ __device__ __forceinline__ Tile tile_at(const FwdParams& p, int t) {
     const RowWindow win(w.sq, w.sk, p.window_left, p.window_right);
     const int last_row = min(w.m0 + BLOCK_M, w.sq) - 1;
     w.n_begin = (win.key_lo(max(w.m0, 0)) / BLOCK_N) * BLOCK_N;
-    const int n_end = min(w.sk, win.key_hi(last_row) + 1);
-    w.n_tiles = n_end > w.n_begin ? (n_end - w.n_begin + BLOCK_N - 1) / BLOCK_N : 0;
+    w.n_tiles = key_tiles_through(win, w.sk, w.n_begin, last_row);
     return w;
 }
 
@@ -1165,12 +1171,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         int mine = n_tiles;
         if constexpr (WG_STOPS) {
             const int r_lo = max(w.m0 + cw * 64, 0), r_hi = min(w.m0 + cw * 64 + 63, w.sq - 1);
-            if (r_lo > r_hi) {
-                mine = 0;
-            } else if (MASK_KIND != 0) {
-                const int end = min(w.sk, win.key_hi(r_hi) + 1);
-                mine = end > w.n_begin ? (end - w.n_begin + BLOCK_N - 1) / BLOCK_N : 0;
-            }
+            mine = r_lo > r_hi ? 0 : key_tiles_through(win, w.sk, w.n_begin, r_hi);
             mine = max(min(mine, n_tiles), 0);
         }
         if (n_tiles > 0) mbar_wait(bar_q, q_loads & 1);
