@@ -55,14 +55,22 @@ fn spilled(k: &attnforge::jit::CompiledKernel) -> u32 {
         .sum()
 }
 
-/// Compile a plan: `Some(reason)` where it fails or spills.
-fn plan_spills(spec: &AttnSpec, plan: attnforge::plan::KernelPlan) -> Option<String> {
+/// Compile a plan: `Some(reason)` where it fails, spills or has its wgmmas
+/// serialized.
+fn plan_faults(spec: &AttnSpec, plan: attnforge::plan::KernelPlan) -> Option<String> {
     let file = plan.template.file();
     match attnforge::jit::build_plan(plan) {
         Ok(k) if spilled(&k) > 0 => Some(format!("{spec}: {} B spilled in {file}", spilled(&k))),
+        Ok(k) if wgmma_serialized(&k.meta.log) => Some(format!("{spec}: wgmma serialized by ptxas in {file}")),
         Ok(_) => None,
         Err(e) => Some(format!("{spec} ({file}): {e}")),
     }
+}
+
+/// A tune variant's kernel: no spills, its wgmmas not serialized.
+fn assert_clean(k: &attnforge::jit::CompiledKernel, what: std::fmt::Arguments) {
+    assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{what} spills");
+    assert!(!wgmma_serialized(&k.meta.log), "{what}: wgmma serialized by ptxas");
 }
 
 #[test]
@@ -271,11 +279,7 @@ fn sm90a_forward_schedule_variants_compile_without_spills() {
             assert_eq!((plan.consumer_pipelined, plan.pingpong), (pipelined, pingpong));
             assert_eq!(plan.grid == attnforge::plan::GridRule::TilesOrWalk, persistent);
             let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} {tiles:?}: {e}"));
-            assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
-            assert!(
-                !wgmma_serialized(&k.meta.log),
-                "{spec} {tiles:?}: wgmma serialized by ptxas"
-            );
+            assert_clean(&k, format_args!("{spec} {tiles:?}"));
             assert!(k.meta.registers > 0, "{spec} {tiles:?}: no ptxas resources");
         }
         // The other tile order than the planner's, with the other row sums
@@ -289,11 +293,7 @@ fn sm90a_forward_schedule_variants_compile_without_spills() {
         let plan = plan_fwd_sm90a_with(&spec, tiles);
         assert_eq!(plan.head_major, !planned.head_major);
         let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} {tiles:?}: {e}"));
-        assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
-        assert!(
-            !wgmma_serialized(&k.meta.log),
-            "{spec} {tiles:?}: wgmma serialized by ptxas"
-        );
+        assert_clean(&k, format_args!("{spec} {tiles:?}"));
         // Three consumer warpgroups (160 registers each) where S, P and O fit.
         if d <= 128 {
             let tiles = Sm90aFwdTiles {
@@ -304,11 +304,7 @@ fn sm90a_forward_schedule_variants_compile_without_spills() {
             let plan = plan_fwd_sm90a_with(&spec, tiles);
             assert_eq!((plan.block_m, plan.num_warps), (192, 16));
             let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} {tiles:?}: {e}"));
-            assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
-            assert!(
-                !wgmma_serialized(&k.meta.log),
-                "{spec} {tiles:?}: wgmma serialized by ptxas"
-            );
+            assert_clean(&k, format_args!("{spec} {tiles:?}"));
         }
     }
     // The clusters-of-two option (K/V multicast) on the no-mask dense specs
@@ -327,11 +323,7 @@ fn sm90a_forward_schedule_variants_compile_without_spills() {
         let plan = plan_fwd_sm90a_with(&spec, tiles);
         assert_eq!(plan.cluster_m, 2, "{spec}");
         let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} {tiles:?}: {e}"));
-        assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
-        assert!(
-            !wgmma_serialized(&k.meta.log),
-            "{spec} {tiles:?}: wgmma serialized by ptxas"
-        );
+        assert_clean(&k, format_args!("{spec} {tiles:?}"));
     }
     // O through shared memory by TMA stores (off by default; dense) where
     // the staging fits: d64's three consumers (with the end-aligned causal
@@ -353,11 +345,7 @@ fn sm90a_forward_schedule_variants_compile_without_spills() {
         let plan = plan_fwd_sm90a_with(&spec, tiles);
         assert!(plan.tma_store_o, "{spec}: the staging fits");
         let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} {tiles:?}: {e}"));
-        assert_eq!(k.meta.spill_stores + k.meta.spill_loads, 0, "{spec} {tiles:?} spills");
-        assert!(
-            !wgmma_serialized(&k.meta.log),
-            "{spec} {tiles:?}: wgmma serialized by ptxas"
-        );
+        assert_clean(&k, format_args!("{spec} {tiles:?}"));
     }
 }
 
@@ -395,7 +383,7 @@ fn the_other_backward_template_stays_spill_free_where_both_can_run() {
             Template::BwdSm80 => plan_bwd_sm90a(spec).unwrap(),
             t => panic!("{spec}: planned on {t:?}"),
         };
-        failures.extend(plan_spills(spec, other));
+        failures.extend(plan_faults(spec, other));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -424,7 +412,7 @@ fn sm80_path_forward_of_the_benchmarked_sm90a_specs_is_spill_free() {
                 // The plan `attnforge compile --path sm80` builds.
                 let plan = attnforge::plan::plan_sm80_path(&spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
                 n += 1;
-                failures.extend(plan_spills(&spec, plan));
+                failures.extend(plan_faults(&spec, plan));
             }
         }
     }
