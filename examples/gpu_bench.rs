@@ -398,6 +398,23 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
         ),
         (256, &[(2, 64, 2), (2, 48, 3), (2, 96, 2)]),
     ];
+    // Several blocks per SM (session 38): (consumers, block_n, stages,
+    // blocks per SM), each block with the SM's registers and shared memory
+    // divided by its count. The variants that spill are dropped below.
+    type MultiShape = (u32, u32, u32, u32);
+    let multi: &[(usize, &[MultiShape])] = &[
+        (
+            64,
+            &[
+                (1, 64, 2, 3),
+                (1, 128, 2, 2),
+                (1, 64, 3, 2),
+                (1, 128, 3, 2),
+                (2, 64, 2, 2),
+            ],
+        ),
+        (128, &[(1, 64, 2, 2), (1, 96, 2, 2), (1, 64, 3, 2)]),
+    ];
     // ATTNFORGE_TUNE90_D / _S: comma lists narrowing the head dims and
     // lengths to some of the standard ones; anything else is refused.
     let list = |var: &str, all: &[usize]| -> Vec<usize> {
@@ -513,6 +530,22 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                     }
                 }
             }
+            for (ad, vs) in multi {
+                if *ad == d {
+                    for &(consumers, block_n, stages, blocks_per_sm) in *vs {
+                        let t = Sm90aFwdTiles {
+                            consumers,
+                            block_n,
+                            stages,
+                            blocks_per_sm,
+                            ..base
+                        };
+                        if !tiles.contains(&t) {
+                            tiles.push(t);
+                        }
+                    }
+                }
+            }
             for tiles in tiles {
                 todo.push((d, causal, spec, tiles));
             }
@@ -548,9 +581,12 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
         };
         let (bn, st, pp) = (k.plan.block_n, k.plan.stages, k.plan.pingpong);
         let spills = k.meta.spill_stores + k.meta.spill_loads;
+        // ptxas's C7510..C7515: every wgmma waited for (timed anyway, marked).
+        let serialized = k.meta.log.contains("wgmma.mma_async instructions are serialized");
         println!(
-            "tune90 {spec} {tiles:?}: bn={bn} stages={st} pingpong={pp} regs={} spills={spills} B",
-            k.meta.registers
+            "tune90 {spec} {tiles:?}: bn={bn} stages={st} pingpong={pp} regs={} spills={spills} B{}",
+            k.meta.registers,
+            if serialized { " WGMMA SERIALIZED" } else { "" }
         );
         if let Some(dir) = std::env::var_os("ATTNFORGE_TUNE_CUBINS") {
             // For reading the machine code (cuobjdump --dump-sass) without a GPU.
@@ -641,6 +677,8 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                     (p.rowsum_mma, "rowsum"),
                     (p.tail_first, "tail-first"),
                     (p.cluster_m > 1, "pairs"),
+                    (p.min_blocks_per_sm == 2, "2/SM"),
+                    (p.min_blocks_per_sm == 3, "3/SM"),
                 ]
                 .into_iter()
                 .filter_map(|(on, name)| on.then_some(name))

@@ -592,14 +592,35 @@ pub const SM90A_CONSUMERS: u32 = 2;
 /// registers back to 24, the consumers take what is left of the SM's 64K.
 pub const SM90A_PRODUCER_REGS: u32 = 24;
 
-/// Registers per consumer thread with `consumers` consumer warpgroups: the
-/// rest of the 65536 after the producer's 128 x 24, a multiple of 8
-/// (`setmaxnreg`), at most 240 (2 consumers: 240; 3: 160).
-pub const fn sm90a_consumer_regs(consumers: u32) -> u32 {
-    let per = (65536 - 128 * SM90A_PRODUCER_REGS) / (128 * consumers);
+/// Registers per consumer thread with `consumers` consumer warpgroups and
+/// `blocks` blocks per SM: a block is launched with the registers
+/// `__launch_bounds__` leaves it (65536 / blocks per block, a multiple of 8
+/// per thread, at most 248), the producer gives back all but 24 and the
+/// consumers take the rest, a multiple of 8 (`setmaxnreg`), at most 240
+/// (one block: 240 for two consumers, 160 for three). `setmaxnreg.inc`
+/// waits for registers the block does not have, so this must never exceed
+/// the launch allocation (the sweep checks it against ptxas's count).
+pub const fn sm90a_consumer_regs(consumers: u32, blocks: u32) -> u32 {
+    let threads = 128 * (consumers + 1);
+    let launch = sm90a_launch_regs(consumers, blocks);
+    let per = (launch * threads - 128 * SM90A_PRODUCER_REGS) / (128 * consumers);
     let per = per - per % 8;
     if per > 240 {
         240
+    } else {
+        per
+    }
+}
+
+/// Registers per thread at launch of an sm90a forward block with
+/// `consumers` consumer warpgroups, `blocks` per SM (see
+/// [`sm90a_consumer_regs`]).
+pub const fn sm90a_launch_regs(consumers: u32, blocks: u32) -> u32 {
+    let threads = 128 * (consumers + 1);
+    let per = 65536 / (blocks * threads);
+    let per = per - per % 8;
+    if per > 248 {
+        248
     } else {
         per
     }
@@ -973,9 +994,13 @@ pub struct Sm90aFwdTiles {
     /// Also compile the persistent walk entry ([`GridRule::TilesOrWalk`]),
     /// which the launcher takes for short keys; else one tile per block only.
     pub persistent: bool,
-    /// Consumer warpgroups (2 or 3), 64 query rows each: block_m = 64 x
-    /// consumers. Three take turns round-robin and get 160 registers each.
+    /// Consumer warpgroups (1 to 3), 64 query rows each: block_m = 64 x
+    /// consumers. Three take turns round-robin and get 160 registers each;
+    /// one has no ping-pong.
     pub consumers: u32,
+    /// Blocks per SM (1 to 3): `__launch_bounds__`' minimum, the registers
+    /// and shared memory of one block are the SM's divided by it.
+    pub blocks_per_sm: u32,
     /// Head-major tile order (see [`KernelPlan::head_major`]).
     pub head_major: bool,
     /// K/V multicast across a cluster of two blocks (see
@@ -1077,6 +1102,7 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
         pingpong: true,
         persistent: true,
         consumers,
+        blocks_per_sm: 1,
         head_major: true,
         // Measured on the H200 (session 11, same process, pairs against the
         // same entry with every block alone): -2..-6% at d128/d256 2k and 8k
@@ -1134,6 +1160,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         pingpong,
         persistent,
         consumers,
+        blocks_per_sm,
         head_major,
         cluster,
         rowsum_mma,
@@ -1148,11 +1175,18 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         } else {
             1
         };
-    let consumers = consumers.clamp(2, 3);
+    let consumers = consumers.clamp(1, 3);
+    let blocks_per_sm = blocks_per_sm.clamp(1, 3);
     let block_m = 64 * consumers;
-    let consumer_regs = sm90a_consumer_regs(consumers);
-    let pingpong = pingpong && consumer_pipelined;
-    let limit = spec.arch.max_smem_per_block();
+    let consumer_regs = sm90a_consumer_regs(consumers, blocks_per_sm);
+    let pingpong = pingpong && consumer_pipelined && consumers > 1;
+    // Several blocks per SM share its shared memory (1 KB of it reserved
+    // per block).
+    let limit = if blocks_per_sm == 1 {
+        spec.arch.max_smem_per_block()
+    } else {
+        (spec.arch.max_smem_per_block() + 1024) / blocks_per_sm - 1024
+    };
     let ones = |block_n: u32| {
         if rowsum_mma && block_n <= SM90A_ROWSUM_MMA_MAX_BN {
             SM90A_ONES_BYTES
@@ -1298,7 +1332,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         smem_pitch_qk: 64,
         smem_pitch_v: 64,
         smem_bytes,
-        min_blocks_per_sm: 1,
+        min_blocks_per_sm: blocks_per_sm,
         compile_options: Vec::new(),
         grid: if persistent {
             GridRule::TilesOrWalk
@@ -2193,9 +2227,22 @@ mod tests {
 
     #[test]
     fn sm90a_three_consumer_warpgroups_share_the_register_file() {
-        assert_eq!((sm90a_consumer_regs(2), sm90a_consumer_regs(3)), (240, 160));
-        for c in [2, 3] {
-            assert!(128 * SM90A_PRODUCER_REGS + 128 * c * sm90a_consumer_regs(c) <= 65536);
+        assert_eq!((sm90a_consumer_regs(2, 1), sm90a_consumer_regs(3, 1)), (240, 160));
+        assert_eq!(
+            (
+                sm90a_consumer_regs(1, 2),
+                sm90a_consumer_regs(1, 3),
+                sm90a_consumer_regs(2, 2)
+            ),
+            (232, 136, 104)
+        );
+        for c in 1..=3 {
+            for b in 1..=3 {
+                let threads = 128 * (c + 1);
+                let launch = sm90a_launch_regs(c, b);
+                assert!(b * threads * launch <= 65536, "{c} consumers, {b} blocks");
+                assert!(128 * SM90A_PRODUCER_REGS + 128 * c * sm90a_consumer_regs(c, b) <= launch * threads);
+            }
         }
         let spec = AttnSpec::fwd(DType::Bf16, 64, Mask::CausalTopLeft, Layout::Dense, Arch::Sm90a);
         let t = Sm90aFwdTiles {

@@ -143,6 +143,7 @@ struct FwdSm90aContext {
     persistent: bool,
     head_major: bool,
     cluster_m: u32,
+    min_blocks: u32,
 }
 
 /// The values the backward template sees (see `plan::plan_bwd` for the tiles).
@@ -340,7 +341,8 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
             is_thd: spec.layout == Layout::Thd,
             softcap: spec.softcap,
             producer_regs: crate::plan::SM90A_PRODUCER_REGS,
-            consumer_regs: crate::plan::sm90a_consumer_regs(plan.block_m / 64),
+            consumer_regs: crate::plan::sm90a_consumer_regs(plan.block_m / 64, plan.min_blocks_per_sm),
+            min_blocks: plan.min_blocks_per_sm,
             pipelined: plan.consumer_pipelined,
             pingpong: plan.pingpong,
             softmax_under_pv: plan.softmax_under_pv,

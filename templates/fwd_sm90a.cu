@@ -826,14 +826,14 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
 {{ entry }}(const __grid_constant__ FwdParams p, const __grid_constant__ TmaMap tq,
             const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv{% if tma_store_o %},
             const __grid_constant__ TmaMap to{% endif %}) {
     fwd_tiles<false>(p, tq, tk, tv, {% if tma_store_o %}to{% else %}tv{% endif %});
 }
 {% if persistent %}
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __launch_bounds__(THREADS, {{ min_blocks }})
 {{ entry }}_walk(const __grid_constant__ FwdParams p, const __grid_constant__ TmaMap tq,
                  const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv{% if tma_store_o %},
                  const __grid_constant__ TmaMap to{% endif %}) {

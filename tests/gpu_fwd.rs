@@ -644,6 +644,26 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
                 ));
             }
         }
+        // One consumer warpgroup (no ping-pong) and several blocks per SM
+        // (session 38's tune alternatives), on both entries, up to d128.
+        if dmax <= 128 {
+            let multi = plan_fwd_sm90a_with(
+                spec,
+                Sm90aFwdTiles {
+                    consumers: 1,
+                    block_n: 64,
+                    stages: 2,
+                    blocks_per_sm: if dmax <= 64 { 3 } else { 2 },
+                    ..base
+                },
+            );
+            jobs.push(("fwd_sm90a.cu one consumer, blocks per SM", multi.clone(), Entry::Rule));
+            jobs.push((
+                "fwd_sm90a.cu one consumer, blocks per SM, walk on 3 blocks",
+                multi,
+                Entry::Cap(3),
+            ));
+        }
         // O through shared memory by TMA stores (an option, off by default;
         // dense), on the planner's tiles where its staging fits.
         let tma_o = plan_fwd_sm90a_with(
