@@ -373,6 +373,19 @@ pub fn compile_plan(plan: &KernelPlan, rendered: &Rendered, nvrtc: &Nvrtc) -> Re
         emit: Emit::Cubin,
     })?;
     let compile_ms = started.elapsed().as_secs_f64() * 1e3;
+    // The sm90a forward splits the registers a block gets at launch among its
+    // roles with setmaxnreg: fewer at launch than the split assumes would
+    // hang the consumers, so such a cubin is refused here.
+    if plan.template == crate::plan::Template::FwdSm90a {
+        let need = crate::plan::sm90a_launch_regs(plan.block_m / 64, plan.min_blocks_per_sm);
+        if let Some(r) = out.resources.iter().find(|r| r.registers < need) {
+            return Err(Error::RegisterBudget {
+                entry: r.entry.clone(),
+                got: r.registers,
+                need,
+            });
+        }
+    }
     // Registers of the plan's entry; spills and stack over every entry of
     // the module (the sm90a forward's walk, the backward's helpers), so
     // that "no spills" covers all code the launcher may run.
@@ -481,6 +494,34 @@ mod tests {
         let k = jit.get_or_build_variant(&none, Variant::ShortKeys).unwrap();
         assert_eq!(k.variant, Variant::Main);
         assert_eq!(k.key, jit.get_or_build(&none).unwrap().key);
+    }
+
+    #[test]
+    fn sm90a_blocks_launch_with_the_registers_their_setmaxnreg_split_assumes() {
+        if nvrtc_or_skip().is_none() {
+            return;
+        }
+        let spec: AttnSpec = "fwd.bf16.d64.causal-br.dense.sm90a".parse().unwrap();
+        let base = crate::plan::default_sm90a_tiles(&spec);
+        for (consumers, block_n, blocks_per_sm) in [(1, 64, 3), (1, 128, 2), (3, 128, 1)] {
+            let plan = crate::plan::plan_fwd_sm90a_with(
+                &spec,
+                crate::plan::Sm90aFwdTiles {
+                    consumers,
+                    block_n,
+                    blocks_per_sm,
+                    ..base
+                },
+            );
+            assert_eq!((plan.block_m, plan.min_blocks_per_sm), (64 * consumers, blocks_per_sm));
+            assert_eq!(plan.pingpong, consumers > 1);
+            let k = build_plan(plan).unwrap();
+            assert_eq!(
+                k.meta.registers,
+                crate::plan::sm90a_launch_regs(consumers, blocks_per_sm),
+                "{consumers} consumers, {blocks_per_sm} blocks per SM"
+            );
+        }
     }
 
     #[test]
