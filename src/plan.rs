@@ -1215,6 +1215,13 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         "sm90a: wgmma + TMA, 1 producer warpgroup ({SM90A_PRODUCER_REGS} regs) + {consumers} consumer warpgroups \
          ({consumer_regs} regs) of 64 query rows -> block_m={block_m}"
     ));
+    if blocks_per_sm > 1 {
+        reasons.push(format!(
+            "{blocks_per_sm} blocks per SM: each launched with {} registers per thread (the SM's 64K divided among \
+             them) and at most {limit} B of shared memory",
+            sm90a_launch_regs(consumers, blocks_per_sm)
+        ));
+    }
     reasons.push(format!(
         "d={dmax}: block_n={block_n} (S {} + O {} f32 regs/thread), {stages}-stage K/V ring: {smem_bytes} B shared memory (limit {limit} B)",
         block_n / 2,
@@ -2223,6 +2230,42 @@ mod tests {
             ..AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Thd, Arch::Sm90a)
         };
         assert_eq!(default_sm90a_tiles(&softcap).block_n, 128);
+    }
+
+    #[test]
+    fn sm90a_blocks_per_sm_divide_the_shared_memory_and_say_so() {
+        let spec = AttnSpec::fwd(DType::Bf16, 128, Mask::CausalTopLeft, Layout::Dense, Arch::Sm90a);
+        let base = default_sm90a_tiles(&spec);
+        assert_eq!(base.blocks_per_sm, 1);
+        let limit = |b: u32| (spec.arch.max_smem_per_block() + 1024) / b - 1024;
+        for (consumers, blocks) in [(1, 2), (1, 3), (2, 2)] {
+            let tiles = Sm90aFwdTiles {
+                consumers,
+                blocks_per_sm: blocks,
+                block_n: 128,
+                stages: 3,
+                ..base
+            };
+            let p = plan_fwd_sm90a_with(&spec, tiles);
+            assert_eq!((p.min_blocks_per_sm, p.block_m), (blocks, 64 * consumers));
+            assert!(
+                p.smem_bytes <= limit(blocks),
+                "{consumers} consumers, {blocks} per SM: {}",
+                p.smem_bytes
+            );
+            assert!(p.block_n < 128 || p.stages < 3, "shrunk to fit {} B", limit(blocks));
+            assert!(
+                blocks * (p.smem_bytes + 1024) <= spec.arch.max_smem_per_block() + 1024,
+                "{blocks} blocks fit one SM"
+            );
+            assert!(p
+                .reasons
+                .iter()
+                .any(|r| r.starts_with(&format!("{blocks} blocks per SM"))));
+            assert_eq!(p.pingpong, consumers > 1);
+        }
+        let one = plan_fwd_sm90a_with(&spec, base);
+        assert!(!one.reasons.iter().any(|r| r.contains("blocks per SM")));
     }
 
     #[test]
