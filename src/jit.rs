@@ -481,7 +481,8 @@ mod tests {
         let main = jit.get_or_build(&spec).unwrap();
         let short = jit.get_or_build_variant(&spec, Variant::ShortKeys).unwrap();
         assert_eq!((main.variant, short.variant), (Variant::Main, Variant::ShortKeys));
-        assert_eq!((main.plan.block_m, short.plan.block_m), (192, 128));
+        assert_eq!((main.plan.block_m, short.plan.block_m), (192, 64));
+        assert_eq!((main.plan.min_blocks_per_sm, short.plan.min_blocks_per_sm), (1, 3));
         assert_ne!(main.key, short.key);
         // Memoized per (spec, variant).
         assert!(Arc::ptr_eq(

@@ -753,7 +753,11 @@ impl Variant {
 ///   tiles: 80%) and leave a consumer idle in the last tile; two consumers at
 ///   block_n 128 ran d64 217.6 vs 189.4 TFLOP/s (+15%) and d128 291.5 vs
 ///   252.7 (+15%) on the walk, while at 2k three consumers are ahead (d64 368
-///   vs 335, d128 487 vs 472);
+///   vs 335, d128 487 vs 472); at d <= 64 (session 38, H100, tune90, 5
+///   rounds, docs/benchmarks/2026-12-07-s38-gpu.md) one consumer at block_n
+///   64 with three blocks per SM instead: 248.4 vs 227.3 (+9.3%) at 512 and
+///   329.1 vs 283.1 (+16%) at 2k, both on the walk, which calls up to 1024
+///   keys take (d128: 277.0 vs 290.6 at two blocks per SM, so two consumers);
 /// - d > 192 under a causal mask: block_n 64 instead of 80 (512 keys in 8
 ///   whole tiles; tune90, 7 rounds: 291.7 vs 287.6 at 512, one tile per
 ///   block; 441.9 vs 418.5 at 1024 on the walk);
@@ -773,7 +777,17 @@ pub fn short_keys_tiles_why(spec: &AttnSpec) -> Option<(Sm90aFwdTiles, &'static 
         stages: 2,
         ..main
     };
-    if causal && main.consumers >= 3 {
+    if causal && main.consumers >= 3 && dmax <= 64 {
+        Some((
+            Sm90aFwdTiles {
+                blocks_per_sm: 3,
+                ..short(1, 64)
+            },
+            "one consumer warpgroup at block_n 64, three blocks per SM: blocks of 64 query rows hide each other's \
+             softmax where a causal tile has few keys; measured +9.3% at seqlen 512 (and +16% at 2k) on the walk \
+             against two consumers at block_n 128, which beat block_m 192 by 15%",
+        ))
+    } else if causal && main.consumers >= 3 {
         Some((
             short(2, 128),
             "block_m 192 covers a short causal triangle with more wasted rows; measured +15% at seqlen 512",
@@ -872,9 +886,18 @@ fn keyed_variant_plan(spec: &AttnSpec, tiles: Sm90aFwdTiles, keys: &str, range: 
     p.reasons.insert(
         0,
         format!(
-            "variant for {keys} ({range}, chosen per call): {} consumer warpgroups at block_n {} instead of the main \
-             plan's {} at {} ({why})",
-            tiles.consumers, tiles.block_n, main.consumers, main.block_n
+            "variant for {keys} ({range}, chosen per call): {} consumer warpgroup{} at block_n {}{} instead of the \
+             main plan's {} at {} ({why})",
+            tiles.consumers,
+            if tiles.consumers == 1 { "" } else { "s" },
+            tiles.block_n,
+            if tiles.blocks_per_sm > 1 {
+                format!(", {} blocks per SM,", tiles.blocks_per_sm)
+            } else {
+                String::new()
+            },
+            main.consumers,
+            main.block_n
         ),
     );
     p
@@ -1212,8 +1235,9 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         smem_bytes += o_stage;
     }
     reasons.push(format!(
-        "sm90a: wgmma + TMA, 1 producer warpgroup ({SM90A_PRODUCER_REGS} regs) + {consumers} consumer warpgroups \
-         ({consumer_regs} regs) of 64 query rows -> block_m={block_m}"
+        "sm90a: wgmma + TMA, 1 producer warpgroup ({SM90A_PRODUCER_REGS} regs) + {consumers} consumer warpgroup{} \
+         ({consumer_regs} regs) of 64 query rows -> block_m={block_m}",
+        if consumers == 1 { "" } else { "s" }
     ));
     if blocks_per_sm > 1 {
         reasons.push(format!(
@@ -1231,6 +1255,11 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         (true, true) => {
             "consumers pipelined by one tile and in ping-pong: each warpgroup issues S(next) and P V(this) \
                          while the other does its softmax"
+                .into()
+        }
+        (true, false) if consumers == 1 => {
+            "one consumer warpgroup, pipelined by one tile (next S issued before this \
+                                            P V), no ping-pong: the SM's other blocks run their GEMMs under its softmax"
                 .into()
         }
         (true, false) => "consumers pipelined by one tile (next S issued before this P V): measured +9% at d64".into(),
@@ -1547,8 +1576,11 @@ mod tests {
                     .unwrap()
                     .expect("a short-keys plan");
                 let main = plan_variant(&spec, Variant::Main).unwrap().unwrap();
-                assert_eq!((short.block_m, short.block_n), (128, 128), "{spec}");
-                assert_eq!(main.block_m, 192, "{spec}");
+                // d64: one consumer, three blocks per SM (session 38); d128: two consumers.
+                let want = if d == 64 { (64, 64, 3) } else { (128, 128, 1) };
+                assert_eq!((short.block_m, short.block_n, short.min_blocks_per_sm), want, "{spec}");
+                assert!(!short.pingpong || d != 64, "{spec}: one consumer takes no turns");
+                assert_eq!((main.block_m, main.min_blocks_per_sm), (192, 1), "{spec}");
                 assert!(short.reasons[0].contains("short keys"), "{spec}: {:?}", short.reasons);
                 // Same spec, same entry symbol and template: only the tiles differ.
                 assert_eq!(
