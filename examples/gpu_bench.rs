@@ -190,16 +190,21 @@ fn variant_label(v: attnforge::plan::Variant) -> &'static str {
     }
 }
 
-/// The sm90a forward's consumers and block_n, and the variant, for the
-/// bench's template column.
+/// The sm90a forward's consumers and block_n, its blocks per SM where more
+/// than one, and the variant, for the bench's template column.
 fn tile_label(k: &attnforge::CompiledKernel) -> String {
     if k.plan.template != attnforge::plan::Template::FwdSm90a {
         return String::new();
     }
     format!(
-        " {}x64 bn{}{}",
+        " {}x64 bn{}{}{}",
         k.plan.block_m / 64,
         k.plan.block_n,
+        if k.plan.min_blocks_per_sm > 1 {
+            format!(" {}/SM", k.plan.min_blocks_per_sm)
+        } else {
+            String::new()
+        },
         variant_label(k.variant)
     )
 }
