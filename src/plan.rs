@@ -599,7 +599,8 @@ pub const SM90A_PRODUCER_REGS: u32 = 24;
 /// consumers take the rest, a multiple of 8 (`setmaxnreg`), at most 240
 /// (one block: 240 for two consumers, 160 for three). `setmaxnreg.inc`
 /// waits for registers the block does not have, so this must never exceed
-/// the launch allocation (the sweep checks it against ptxas's count).
+/// the launch allocation (`jit::compile_plan` refuses a cubin whose entries
+/// have fewer registers than [`sm90a_launch_regs`]).
 pub const fn sm90a_consumer_regs(consumers: u32, blocks: u32) -> u32 {
     let threads = 128 * (consumers + 1);
     let launch = sm90a_launch_regs(consumers, blocks);
