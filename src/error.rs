@@ -53,7 +53,8 @@ pub enum Error {
     /// than its plan's `setmaxnreg` split of the block's register file
     /// assumes: its consumers' `setmaxnreg.inc` would wait forever on the GPU.
     #[error(
-        "{entry}: ptxas gave {got} registers per thread where the plan's setmaxnreg split needs {need} at launch          (the consumer warpgroups would wait forever); refused"
+        "{entry}: ptxas gave {got} registers per thread where the plan's setmaxnreg split needs {need} at launch \
+         (the consumer warpgroups would wait forever); refused"
     )]
     RegisterBudget { entry: String, got: u32, need: u32 },
     #[error("{0}")]

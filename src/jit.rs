@@ -526,6 +526,37 @@ mod tests {
     }
 
     #[test]
+    fn a_cubin_with_fewer_launch_registers_than_its_split_is_refused() {
+        let Some(nvrtc) = nvrtc_or_skip() else {
+            return;
+        };
+        let spec: AttnSpec = "fwd.bf16.d64.causal-br.dense.sm90a".parse().unwrap();
+        let three = crate::plan::plan_fwd_sm90a_with(
+            &spec,
+            crate::plan::Sm90aFwdTiles {
+                consumers: 1,
+                block_n: 64,
+                blocks_per_sm: 3,
+                ..crate::plan::default_sm90a_tiles(&spec)
+            },
+        );
+        // Source rendered for three blocks per SM (80 registers at launch),
+        // checked against a plan that splits a whole SM's (248).
+        let rendered = render(&three).unwrap();
+        let one = KernelPlan {
+            min_blocks_per_sm: 1,
+            ..three
+        };
+        match compile_plan(&one, &rendered, nvrtc) {
+            Err(e @ Error::RegisterBudget { got: 80, need: 248, .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains("would wait forever") && !msg.contains("  "), "{msg}");
+            }
+            other => panic!("expected RegisterBudget, got {:?}", other.map(|(_, m)| m.registers)),
+        }
+    }
+
+    #[test]
     fn build_plan_compiles_a_plan_the_planner_did_not_choose() {
         let Some(nvrtc) = nvrtc_or_skip() else {
             return;
