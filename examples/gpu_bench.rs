@@ -587,7 +587,7 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
         let (bn, st, pp) = (k.plan.block_n, k.plan.stages, k.plan.pingpong);
         let spills = k.meta.spill_stores + k.meta.spill_loads;
         // ptxas's C7510..C7515: every wgmma waited for (timed anyway, marked).
-        let serialized = k.meta.log.contains("wgmma.mma_async instructions are serialized");
+        let serialized = attnforge::compile::wgmma_serialized(&k.meta.log);
         println!(
             "tune90 {spec} {tiles:?}: bn={bn} stages={st} pingpong={pp} regs={} spills={spills} B{}",
             k.meta.registers,

@@ -1344,6 +1344,14 @@ fn number_and_words(part: &str) -> Option<(u32, Vec<&str>)> {
     Some((n, words.collect()))
 }
 
+/// Whether ptxas serialized a kernel's wgmma instructions (its warnings
+/// C7510..C7515 in the compile log: every `wgmma.mma_async` then waits for
+/// the previous one, which costs an sm90a forward 10-40% without any spill
+/// to show it).
+pub fn wgmma_serialized(log: &str) -> bool {
+    log.contains("wgmma.mma_async instructions are serialized")
+}
+
 /// Parses ptxas `-v` output (as found in the NVRTC log) into one record per
 /// entry function, in the order ptxas reports them. Non-entry functions
 /// ("Function properties for" a `__noinline__` device function) are ignored;
@@ -1546,6 +1554,16 @@ mod tests {
     }
 
     // ---- discovery (fake files, never loaded) ----------------------------
+
+    #[test]
+    fn wgmma_serialization_is_read_from_ptxas_warnings() {
+        let warned = "ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are \
+                      serialized due to insufficient register resources for the wgmma pipeline in the function 'k'";
+        assert!(wgmma_serialized(warned));
+        assert!(!wgmma_serialized(
+            "ptxas info    : Used 168 registers, used 16 barriers"
+        ));
+    }
 
     #[test]
     fn discovery_order_follows_the_documented_steps() {

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use attnforge::compile::wgmma_serialized;
 use attnforge::compile::Nvrtc;
 use attnforge::jit::{Jit, Origin};
 use attnforge::plan::{variants, Variant};
@@ -21,13 +22,6 @@ use attnforge_cache::{Cache, CacheConfig};
 /// wgmma serialized) of one CUBIN: the maximum (spills: the sum) over its
 /// entry points.
 type Row = (u32, u32, u32, u32, u32, f64, bool);
-
-/// Whether ptxas serialized a kernel's wgmma instructions (C7510..C7515:
-/// every `wgmma.mma_async` waits for the previous one, which costs a sm90a
-/// forward 10-40% without any spill to show it).
-fn wgmma_serialized(log: &str) -> bool {
-    log.contains("wgmma.mma_async instructions are serialized")
-}
 
 /// Stack frame allowed per thread (bytes): a few words for the ABI, no arrays.
 const MAX_STACK: u32 = 64;
