@@ -1581,6 +1581,17 @@ mod tests {
                 let want = if d == 64 { (64, 64, 3) } else { (128, 128, 1) };
                 assert_eq!((short.block_m, short.block_n, short.min_blocks_per_sm), want, "{spec}");
                 assert!(!short.pingpong || d != 64, "{spec}: one consumer takes no turns");
+                if d == 64 {
+                    // The tiles gpu_fwd's multi-block job runs on every d64 case.
+                    let tiles = Sm90aFwdTiles {
+                        consumers: 1,
+                        block_n: 64,
+                        stages: 2,
+                        blocks_per_sm: 3,
+                        ..default_sm90a_tiles(&spec)
+                    };
+                    assert_eq!(short_keys_tiles(&spec), Some(tiles), "{spec}");
+                }
                 assert_eq!((main.block_m, main.min_blocks_per_sm), (192, 1), "{spec}");
                 assert!(short.reasons[0].contains("short keys"), "{spec}: {:?}", short.reasons);
                 // Same spec, same entry symbol and template: only the tiles differ.

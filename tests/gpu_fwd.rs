@@ -645,19 +645,21 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
             }
         }
         // One consumer warpgroup (no ping-pong) and several blocks per SM
-        // (session 38's tune alternatives), on both entries, up to d128.
+        // (session 38's tune alternatives), on both entries, up to d128; the
+        // launcher's entry only where the short-keys variant job below does
+        // not already run these tiles (d <= 64 causal).
         if dmax <= 128 {
-            let multi = plan_fwd_sm90a_with(
-                spec,
-                Sm90aFwdTiles {
-                    consumers: 1,
-                    block_n: 64,
-                    stages: 2,
-                    blocks_per_sm: if dmax <= 64 { 3 } else { 2 },
-                    ..base
-                },
-            );
-            jobs.push(("fwd_sm90a.cu one consumer, blocks per SM", multi.clone(), Entry::Rule));
+            let tiles = Sm90aFwdTiles {
+                consumers: 1,
+                block_n: 64,
+                stages: 2,
+                blocks_per_sm: if dmax <= 64 { 3 } else { 2 },
+                ..base
+            };
+            let multi = plan_fwd_sm90a_with(spec, tiles);
+            if Some(tiles) != short_keys_tiles(spec) {
+                jobs.push(("fwd_sm90a.cu one consumer, blocks per SM", multi.clone(), Entry::Rule));
+            }
             jobs.push((
                 "fwd_sm90a.cu one consumer, blocks per SM, walk on 3 blocks",
                 multi,
