@@ -367,50 +367,23 @@ fn tune(arch: Arch, rng: &mut rand::rngs::StdRng) {
 fn tune90(rng: &mut rand::rngs::StdRng) {
     use attnforge::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
     // Alternatives to the planner's tiles per head dim, as (consumer
-    // warpgroups, block_n, stages) on the planner's other options: the other
-    // consumer count (3 warpgroups are the default at d <= 64, block_m 192)
-    // and block_n (the short ones for short keys). Every variant has
-    // both entries, each timed.
-    // (consumers, block_n, stages)
-    type Shape = (u32, u32, u32);
+    // warpgroups, block_n, stages, blocks per SM) on the planner's other
+    // options: the other consumer count (3 warpgroups are the default at
+    // d <= 64, block_m 192), block_n (the short ones for short keys), and
+    // since session 38 one consumer with several blocks per SM (each with the
+    // SM's registers and shared memory divided by the count). Every variant
+    // has both entries, each timed; those that spill are dropped below.
+    type Shape = (u32, u32, u32, u32);
     let alternatives: &[(usize, &[Shape])] = &[
         (
             64,
             &[
-                (2, 192, 3),
-                (3, 112, 3),
-                (2, 128, 3),
-                (2, 128, 2),
-                (2, 96, 3),
-                (2, 64, 4),
-            ],
-        ),
-        (
-            128,
-            &[
-                (2, 160, 2),
-                (2, 176, 2),
-                (2, 128, 2),
-                (2, 96, 2),
-                (2, 64, 3),
-                (3, 64, 2),
-                (3, 80, 2),
-                (3, 80, 3),
-                (3, 80, 4),
-                (3, 96, 2),
-                (3, 64, 3),
-            ],
-        ),
-        (256, &[(2, 64, 2), (2, 48, 3), (2, 96, 2)]),
-    ];
-    // Several blocks per SM (session 38): (consumers, block_n, stages,
-    // blocks per SM), each block with the SM's registers and shared memory
-    // divided by its count. The variants that spill are dropped below.
-    type MultiShape = (u32, u32, u32, u32);
-    let multi: &[(usize, &[MultiShape])] = &[
-        (
-            64,
-            &[
+                (2, 192, 3, 1),
+                (3, 112, 3, 1),
+                (2, 128, 3, 1),
+                (2, 128, 2, 1),
+                (2, 96, 3, 1),
+                (2, 64, 4, 1),
                 (1, 64, 2, 3),
                 (1, 128, 2, 2),
                 (1, 64, 3, 2),
@@ -418,7 +391,26 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                 (2, 64, 2, 2),
             ],
         ),
-        (128, &[(1, 64, 2, 2), (1, 96, 2, 2), (1, 64, 3, 2)]),
+        (
+            128,
+            &[
+                (2, 160, 2, 1),
+                (2, 176, 2, 1),
+                (2, 128, 2, 1),
+                (2, 96, 2, 1),
+                (2, 64, 3, 1),
+                (3, 64, 2, 1),
+                (3, 80, 2, 1),
+                (3, 80, 3, 1),
+                (3, 80, 4, 1),
+                (3, 96, 2, 1),
+                (3, 64, 3, 1),
+                (1, 64, 2, 2),
+                (1, 96, 2, 2),
+                (1, 64, 3, 2),
+            ],
+        ),
+        (256, &[(2, 64, 2, 1), (2, 48, 3, 1), (2, 96, 2, 1)]),
     ];
     // ATTNFORGE_TUNE90_D / _S: comma lists narrowing the head dims and
     // lengths to some of the standard ones; anything else is refused.
@@ -521,21 +513,6 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                 tiles.push(pairs);
             }
             for (ad, vs) in alternatives {
-                if *ad == d {
-                    for &(consumers, block_n, stages) in *vs {
-                        let t = Sm90aFwdTiles {
-                            consumers,
-                            block_n,
-                            stages,
-                            ..base
-                        };
-                        if !tiles.contains(&t) {
-                            tiles.push(t);
-                        }
-                    }
-                }
-            }
-            for (ad, vs) in multi {
                 if *ad == d {
                     for &(consumers, block_n, stages, blocks_per_sm) in *vs {
                         let t = Sm90aFwdTiles {
