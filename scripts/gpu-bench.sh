@@ -13,6 +13,8 @@ if ls .whl/nvidia_cudnn_frontend-*.whl >/dev/null 2>&1; then
   fe_site=$(mktemp -d)
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$fe_site" .whl/nvidia_cudnn_frontend-*.whl \
     && export PYTHONPATH="$fe_site${PYTHONPATH:+:$PYTHONPATH}"
+else
+  echo "gpu-bench: no .whl/nvidia_cudnn_frontend-*.whl (carry .whl): the ragged rows get no cuDNN figure" >&2
 fi
 # SM clock, power and temperature every 200 ms while the benchmark runs
 # (the H200 runs ~10% faster for the first ~50 ms after an idle pause:
