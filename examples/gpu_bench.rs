@@ -11,7 +11,7 @@
 //!        | --one SPEC [--path sm80] [--seqlen S]   (one kernel, fixed launch sequence: profilers)
 //!
 //! --tune90 reads ATTNFORGE_TUNE90_D (head dims of 64, 128, 256), ATTNFORGE_TUNE90_S (lengths of
-//! 512, 2048, 8192, 16384, and 1024 or 4096 when named), ATTNFORGE_TUNE90_ROUNDS (3) and
+//! 512, 2048, 8192, 16384, and 768, 1024 or 4096 when named), ATTNFORGE_TUNE90_ROUNDS (3) and
 //! ATTNFORGE_TUNE90_LEAN=1 (the planner's tiles and the alternatives only, no option flips).
 
 use std::time::Instant;
@@ -420,18 +420,18 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
         };
         v.split(',')
             .map(|x| match x.trim().parse::<usize>() {
-                Ok(n) if all.contains(&n) || (var.ends_with("_S") && matches!(n, 1024 | 4096)) => n,
+                Ok(n) if all.contains(&n) || (var.ends_with("_S") && matches!(n, 768 | 1024 | 4096)) => n,
                 _ => panic!(
                     "{var}={v}: `{x}` is not one of {all:?}{}",
-                    if var.ends_with("_S") { " or 1024, 4096" } else { "" }
+                    if var.ends_with("_S") { " or 768, 1024, 4096" } else { "" }
                 ),
             })
             .collect()
     };
     let dims = list("ATTNFORGE_TUNE90_D", &[64, 128, 256]);
     let lens = list("ATTNFORGE_TUNE90_S", &[512, 2048, 8192, 16384]);
-    // 1024 (the short-keys variant's limit) and 4096 (past the mid-keys
-    // variant's) only when asked for.
+    // 768 (the one-consumer short-keys tiles' limit), 1024 (the short-keys
+    // variant's) and 4096 (past the mid-keys variant's) only when asked for.
     let mut built = Vec::new();
     let mut todo = Vec::new();
     for &d in &dims {

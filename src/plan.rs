@@ -692,16 +692,20 @@ pub enum Variant {
     /// The planner's plan ([`plan`]).
     #[default]
     Main,
-    /// Short keys (at most [`SHORT_KEYS_MAX`]): the sm90a forward's tiles
-    /// measured faster at seqlen 512 and 1024 where they differ from the main
-    /// plan's ([`short_keys_tiles_why`]): two consumers where the main plan
-    /// has three under a causal mask, block_n 64 at d256 causal, block_n 128
-    /// at d128 without a mask.
+    /// Short keys (at most [`SHORT_KEYS_MAX`], [`ONE_CONSUMER_KEYS_MAX`] for
+    /// the one-consumer tiles): the sm90a forward's tiles measured faster at
+    /// seqlen 512 and 1024 where they differ from the main plan's
+    /// ([`short_keys_tiles_why`]): one consumer at three blocks per SM (d <=
+    /// 64) or two consumers (d128) where the main plan has three under a
+    /// causal mask, block_n 64 at d256 causal, block_n 128 at d128 without a
+    /// mask.
     ShortKeys,
-    /// Keys of medium length (longer than [`SHORT_KEYS_MAX`], at most
-    /// [`MID_KEYS_MAX`]): three consumer warpgroups at block_n 80 on the
+    /// Keys of medium length (past the short-keys range, at most
+    /// [`MID_KEYS_MAX`], or [`SHORT_KEYS_MAX`] after the one-consumer tiles;
+    /// [`Variant::keys`]): three consumer warpgroups at block_n 80 on the
     /// walk where the main plan has two at block_n 176 (dense d 80..128
-    /// without a mask or softcap; [`mid_keys_tiles_why`]).
+    /// without a mask or softcap), two consumers at block_n 128 where d <= 64
+    /// causal has three ([`mid_keys_tiles_why`]).
     MidKeys,
     /// The sm80 instruction path ([`plan_sm80_path`]) where the planner takes
     /// the wgmma templates (sm90a): asked for by name only (the opt-in
@@ -712,26 +716,58 @@ pub enum Variant {
 }
 
 /// The longest keys (dense `seqlen_k`, ragged maximum) that take
-/// [`Variant::ShortKeys`] where a spec has one.
+/// [`Variant::ShortKeys`] where a spec has one (but see
+/// [`ONE_CONSUMER_KEYS_MAX`]).
 pub const SHORT_KEYS_MAX: u32 = 1024;
+
+/// The longest keys that take [`Variant::ShortKeys`] where its tiles are one
+/// consumer warpgroup at several blocks per SM (d <= 64 causal). H100,
+/// tune90 on the walk (docs/benchmarks/2026-12-07-s38-gpu.md, -s39-gpu.md):
+/// +9.3% against two consumers at block_n 128 at 512 keys, -3.6% against the
+/// same with three stages at 1024; 768 lies between the two measured lengths
+/// (the lead falls from +9.3% to -3.6%: interpolated, even at ~880). Keys
+/// from here to [`SHORT_KEYS_MAX`] take [`Variant::MidKeys`].
+pub const ONE_CONSUMER_KEYS_MAX: u32 = 768;
 
 /// The longest keys (dense `seqlen_k`) that take [`Variant::MidKeys`] where a
 /// spec has one; shorter keys than [`SHORT_KEYS_MAX`] + 1 take
-/// [`Variant::ShortKeys`] or the main plan.
+/// [`Variant::ShortKeys`] or the main plan (d <= 64 causal: see
+/// [`ONE_CONSUMER_KEYS_MAX`]).
 pub const MID_KEYS_MAX: u32 = 2048;
 
 impl Variant {
     /// The variant a call with keys this long takes (dense `seqlen_k`,
     /// ragged `max_seqlen_k`). Pure and cheap (the hot path asks it).
     pub fn for_keys(spec: &AttnSpec, seqlen_k: u32) -> Variant {
-        if seqlen_k <= SHORT_KEYS_MAX {
-            if short_keys_tiles(spec).is_some() {
-                return Variant::ShortKeys;
-            }
-        } else if seqlen_k <= MID_KEYS_MAX && mid_keys_tiles(spec).is_some() {
-            return Variant::MidKeys;
+        [Variant::ShortKeys, Variant::MidKeys]
+            .into_iter()
+            .find(|v| v.keys(spec).is_some_and(|r| r.contains(&seqlen_k)))
+            .unwrap_or(Variant::Main)
+    }
+
+    /// The keys (dense `seqlen_k`, ragged maximum) whose calls take this
+    /// variant of `spec`: `None` for [`Variant::Main`] and
+    /// [`Variant::Sm80Path`] (not chosen by length) and where the spec has no
+    /// such variant.
+    pub fn keys(self, spec: &AttnSpec) -> Option<std::ops::RangeInclusive<u32>> {
+        let short = short_keys_tiles(spec);
+        // One consumer at several blocks per SM hands 769..=1024 on to the
+        // mid-keys tiles (ONE_CONSUMER_KEYS_MAX).
+        let short_max = match short {
+            Some(t) if t.blocks_per_sm > 1 => ONE_CONSUMER_KEYS_MAX,
+            _ => SHORT_KEYS_MAX,
+        };
+        match self {
+            Variant::ShortKeys => short.map(|_| 0..=short_max),
+            Variant::MidKeys => mid_keys_tiles(spec).map(|_| {
+                if short_max < SHORT_KEYS_MAX {
+                    short_max + 1..=SHORT_KEYS_MAX
+                } else {
+                    SHORT_KEYS_MAX + 1..=MID_KEYS_MAX
+                }
+            }),
+            Variant::Main | Variant::Sm80Path => None,
         }
-        Variant::Main
     }
 
     /// A suffix for file names and logs: "" for the main plan.
@@ -757,8 +793,11 @@ impl Variant {
 ///   vs 335, d128 487 vs 472); at d <= 64 (session 38, H100, tune90, 5
 ///   rounds, docs/benchmarks/2026-12-07-s38-gpu.md) one consumer at block_n
 ///   64 with three blocks per SM instead: 248.4 vs 227.3 (+9.3%) at 512 and
-///   329.1 vs 283.1 (+16%) at 2k, both on the walk, which calls up to 1024
-///   keys take (d128: 277.0 vs 290.6 at two blocks per SM, so two consumers);
+///   329.1 vs 283.1 (+16%) at 2k, both on the walk, but at 1024 305.9
+///   against 317.3 for two consumers with three stages (session 39), so calls
+///   take these tiles up to [`ONE_CONSUMER_KEYS_MAX`] keys and the mid-keys
+///   variant up to 1024 (d128: 277.0 vs 290.6 at two blocks per SM, so two
+///   consumers);
 /// - d > 192 under a causal mask: block_n 64 instead of 80 (512 keys in 8
 ///   whole tiles; tune90, 7 rounds: 291.7 vs 287.6 at 512, one tile per
 ///   block; 441.9 vs 418.5 at 1024 on the walk);
@@ -812,18 +851,39 @@ pub fn short_keys_tiles(spec: &AttnSpec) -> Option<Sm90aFwdTiles> {
 }
 
 /// The tiles of [`Variant::MidKeys`] for `spec`, if it has that variant,
-/// with why (for the plan's reasons): dense sm90a forwards at d 80..128
-/// without a mask or softcap (the main plan's block_n 176), three consumer
-/// warpgroups at block_n 80 with two stages, on the walk. H100, `gpu_bench
-/// --tune90` at seqlen 2048 (b 8, h 16, bf16), interleaved rounds: session 24
-/// (5 rounds, docs/benchmarks/2026-12-05-s24-gpu.md) 612.5 TFLOP/s against the
-/// main plan's 596.8 (+2.6%); session 34 (7 rounds,
-/// docs/benchmarks/2026-12-06-s34-gpu.md) 619.5 against 580.6 (+6.7%). At 8k
-/// the main plan is ahead (684 against 668, session 24), at 512 the short-keys
-/// tiles (477 against 427 on the walk, session 34). Ragged batches keep the
-/// main plan: a 192-row block pads each sequence's partial block (session 24:
-/// three consumers lost 1.4% on the bench's ragged batch).
+/// with why (for the plan's reasons):
+/// - d <= 64 causal (dense or ragged) where the short-keys tiles are one
+///   consumer at three blocks per SM: two consumers at block_n 128 with three
+///   stages for keys of 769..=1024 ([`Variant::keys`]). H100, tune90 on the
+///   walk at 1024 keys, 5 rounds (docs/benchmarks/2026-12-07-s39-gpu.md):
+///   317.3 TFLOP/s against 305.9 (one consumer, three blocks per SM), 310.6
+///   (two stages) and 274.5 (the main plan's three consumers); at 512 the one
+///   consumer leads (248.4 against 230.5), at 2k the main plan (375.0);
+/// - dense sm90a forwards at d 80..128 without a mask or softcap (the main
+///   plan's block_n 176): three consumer warpgroups at block_n 80 with two
+///   stages, on the walk. H100, `gpu_bench --tune90` at seqlen 2048 (b 8, h
+///   16, bf16), interleaved rounds: session 24 (5 rounds,
+///   docs/benchmarks/2026-12-05-s24-gpu.md) 612.5 TFLOP/s against the main
+///   plan's 596.8 (+2.6%); session 34 (7 rounds,
+///   docs/benchmarks/2026-12-06-s34-gpu.md) 619.5 against 580.6 (+6.7%). At
+///   8k the main plan is ahead (684 against 668, session 24), at 512 the
+///   short-keys tiles (477 against 427 on the walk, session 34). Ragged
+///   batches keep the main plan: a 192-row block pads each sequence's partial
+///   block (session 24: three consumers lost 1.4% on the bench's ragged
+///   batch).
 pub fn mid_keys_tiles_why(spec: &AttnSpec) -> Option<(Sm90aFwdTiles, &'static str)> {
+    if short_keys_tiles(spec).is_some_and(|t| t.blocks_per_sm > 1) {
+        return Some((
+            Sm90aFwdTiles {
+                consumers: 2,
+                block_n: 128,
+                stages: 3,
+                ..default_sm90a_tiles(spec)
+            },
+            "between the one-consumer short-keys tiles and the main plan's three consumers; measured +3.7% at \
+             seqlen 1024 on the walk against the one consumer, +16% against three",
+        ));
+    }
     if spec.direction != Direction::Fwd
         || spec.arch != Arch::Sm90a
         || spec.layout != Layout::Dense
@@ -870,10 +930,13 @@ pub fn plan_variant(spec: &AttnSpec, variant: Variant) -> Result<Option<KernelPl
             Ok(differs.then_some(p))
         }
         Variant::ShortKeys => Ok(short_keys_tiles_why(spec).map(|(tiles, why)| {
-            keyed_variant_plan(spec, tiles, "short keys", &format!("at most {SHORT_KEYS_MAX}"), why)
+            let range = Variant::ShortKeys.keys(spec).map_or(SHORT_KEYS_MAX, |r| *r.end());
+            keyed_variant_plan(spec, tiles, "short keys", &format!("at most {range}"), why)
         })),
         Variant::MidKeys => Ok(mid_keys_tiles_why(spec).map(|(tiles, why)| {
-            let range = format!("{}..={MID_KEYS_MAX}", SHORT_KEYS_MAX + 1);
+            let range = Variant::MidKeys
+                .keys(spec)
+                .map_or_else(String::new, |r| format!("{}..={}", r.start(), r.end()));
             keyed_variant_plan(spec, tiles, "mid-length keys", &range, why)
         })),
     }
@@ -1571,7 +1634,34 @@ mod tests {
                 let spec = fwd(d, mask, Arch::Sm90a);
                 assert_eq!(default_sm90a_tiles(&spec).consumers, 3, "{spec}");
                 assert_eq!(Variant::for_keys(&spec, 512), Variant::ShortKeys, "{spec}");
-                assert_eq!(Variant::for_keys(&spec, SHORT_KEYS_MAX), Variant::ShortKeys, "{spec}");
+                if d == 64 {
+                    // One consumer up to 768 keys, then two up to 1024 (the mid-keys variant).
+                    assert_eq!(
+                        Variant::ShortKeys.keys(&spec),
+                        Some(0..=ONE_CONSUMER_KEYS_MAX),
+                        "{spec}"
+                    );
+                    assert_eq!(Variant::for_keys(&spec, ONE_CONSUMER_KEYS_MAX), Variant::ShortKeys);
+                    assert_eq!(Variant::for_keys(&spec, ONE_CONSUMER_KEYS_MAX + 1), Variant::MidKeys);
+                    assert_eq!(Variant::for_keys(&spec, SHORT_KEYS_MAX), Variant::MidKeys, "{spec}");
+                    let mid = plan_variant(&spec, Variant::MidKeys).unwrap().expect("a mid-keys plan");
+                    assert_eq!(
+                        (mid.block_m, mid.block_n, mid.stages, mid.min_blocks_per_sm),
+                        (128, 128, 3, 1)
+                    );
+                    assert!(
+                        mid.reasons[0].contains("(769..=1024, chosen per call)"),
+                        "{:?}",
+                        mid.reasons
+                    );
+                    assert_eq!(
+                        variants(&spec).collect::<Vec<_>>(),
+                        [Variant::Main, Variant::ShortKeys, Variant::MidKeys]
+                    );
+                } else {
+                    assert_eq!(Variant::for_keys(&spec, SHORT_KEYS_MAX), Variant::ShortKeys, "{spec}");
+                    assert_eq!(Variant::MidKeys.keys(&spec), None, "{spec}");
+                }
                 assert_eq!(Variant::for_keys(&spec, SHORT_KEYS_MAX + 1), Variant::Main, "{spec}");
                 let short = plan_variant(&spec, Variant::ShortKeys)
                     .unwrap()
@@ -1642,6 +1732,8 @@ mod tests {
         // maximum picks it); ragged d128 keeps two consumers, and no variant.
         let thd = |d| AttnSpec::fwd(DType::F16, d, Mask::CausalBottomRight, Layout::Thd, Arch::Sm90a);
         assert_eq!(Variant::for_keys(&thd(64), 700), Variant::ShortKeys);
+        assert_eq!(Variant::for_keys(&thd(64), 1000), Variant::MidKeys);
+        assert_eq!(Variant::for_keys(&thd(64), 1025), Variant::Main);
         assert_eq!(default_sm90a_tiles(&thd(128)).consumers, 2);
         assert_eq!(Variant::for_keys(&thd(128), 700), Variant::Main);
     }
@@ -1662,6 +1754,9 @@ mod tests {
             assert_eq!(Variant::for_keys(&spec, SHORT_KEYS_MAX + 1), Variant::MidKeys, "{spec}");
             assert_eq!(Variant::for_keys(&spec, MID_KEYS_MAX), Variant::MidKeys, "{spec}");
             assert_eq!(Variant::for_keys(&spec, MID_KEYS_MAX + 1), Variant::Main, "{spec}");
+            assert_eq!(Variant::MidKeys.keys(&spec), Some(SHORT_KEYS_MAX + 1..=MID_KEYS_MAX));
+            assert_eq!(Variant::ShortKeys.keys(&spec), Some(0..=SHORT_KEYS_MAX));
+            assert_eq!((Variant::Main.keys(&spec), Variant::Sm80Path.keys(&spec)), (None, None));
             let mid = plan_variant(&spec, Variant::MidKeys).unwrap().expect("a mid-keys plan");
             assert_eq!((mid.block_m, mid.block_n, mid.stages), (192, 80, 2), "{spec}");
             assert!(
@@ -1682,7 +1777,8 @@ mod tests {
             let d = d_qk.max(d_v) as u32;
             assert!(sm90a_walk_pays(MID_KEYS_MAX, &spec, d, 3) && !sm90a_walk_pays(MID_KEYS_MAX, &spec, d, 2));
         }
-        // None elsewhere: under a mask, ragged, softcap, d64 and d256, sm80, backward.
+        // None elsewhere: under a mask (but d <= 64 causal), ragged, softcap,
+        // d64 and d256, sm80, backward.
         let d128 = AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Dense, Arch::Sm90a);
         for spec in [
             AttnSpec {

@@ -688,7 +688,7 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
         if let Some(short) = plan_variant(spec, Variant::ShortKeys).unwrap_or_else(|e| panic!("{spec}: {e}")) {
             jobs.push(("fwd_sm90a.cu short-keys variant", short, Entry::Rule));
         }
-        // And the one for keys of 1025..=2048 (plan::mid_keys_tiles_why).
+        // And the one for mid-length keys (plan::mid_keys_tiles_why, Variant::keys).
         if let Some(mid) = plan_variant(spec, Variant::MidKeys).unwrap_or_else(|e| panic!("{spec}: {e}")) {
             jobs.push(("fwd_sm90a.cu mid-keys variant", mid, Entry::Rule));
         }

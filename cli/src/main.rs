@@ -149,31 +149,31 @@ enum PathArg {
     Planner,
     /// The sm80 instruction path (`fwd_sm80.cu` / `bwd_sm80.cu`).
     Sm80,
-    /// The planner's variant for short keys (at most 1024), which a call
-    /// takes by its keys' length where the spec has one (sm90a forwards whose
+    /// The planner's variant for short keys (at most 1024; 768 at d <= 64
+    /// causal), which a call takes by its keys' length where the spec has one (sm90a forwards whose
     /// tiles measured faster at short keys differ from the main plan's).
     ShortKeys,
-    /// The planner's variant for keys of 1025 to 2048, which a call takes by
-    /// its keys' length where the spec has one (dense sm90a forwards at
-    /// d 80..128 without a mask, measured faster at 2k on other tiles).
+    /// The planner's variant for keys of 1025 to 2048 (769 to 1024 at d <= 64
+    /// causal), which a call takes by its keys' length where the spec has
+    /// one (dense sm90a forwards at d 80..128 without a mask, measured faster
+    /// at 2k on other tiles; d <= 64 causal, between the short-keys and the
+    /// main plan's tiles).
     MidKeys,
 }
 
 impl PathArg {
     /// The per-call variant that `--path short-keys|mid-keys` names: the
-    /// variant, the keys that take it, and the specs that have one.
-    fn keyed(self) -> Option<(Variant, String, &'static str)> {
-        use attnforge::plan::{MID_KEYS_MAX, SHORT_KEYS_MAX};
+    /// variant and the specs that have one (the keys that take it:
+    /// `Variant::keys`, per spec).
+    fn keyed(self) -> Option<(Variant, &'static str)> {
         match self {
             PathArg::ShortKeys => Some((
                 Variant::ShortKeys,
-                format!("keys up to {SHORT_KEYS_MAX}"),
                 "sm90a forwards whose tiles measured faster at short keys differ from the main plan's",
             )),
             PathArg::MidKeys => Some((
                 Variant::MidKeys,
-                format!("keys of {}..={MID_KEYS_MAX}", SHORT_KEYS_MAX + 1),
-                "dense sm90a forwards at d 80..128 without a mask or softcap",
+                "dense sm90a forwards at d 80..128 without a mask or softcap, and d <= 64 causal",
             )),
             PathArg::Planner | PathArg::Sm80 => None,
         }
@@ -189,7 +189,7 @@ impl PathArg {
 
 /// The plan of `spec` on the requested instruction path.
 fn plan_on(spec: &AttnSpec, path: PathArg) -> Result<attnforge::plan::KernelPlan, String> {
-    if let Some((variant, _, which)) = path.keyed() {
+    if let Some((variant, which)) = path.keyed() {
         let name = path.name();
         return attnforge::plan::plan_variant(spec, variant)
             .map_err(|e| e.to_string())?
@@ -602,11 +602,16 @@ fn run(cli: Cli) -> CliResult {
                 print!("{p}");
                 if matches!(path, PathArg::Planner) {
                     for keyed in [PathArg::ShortKeys, PathArg::MidKeys] {
-                        let Some((variant, keys, _)) = keyed.keyed() else {
+                        let Some((variant, _)) = keyed.keyed() else {
                             continue;
                         };
-                        if variants(&spec).any(|v| v == variant) {
+                        if let Some(keys) = variant.keys(&spec) {
                             let name = keyed.name();
+                            let keys = if *keys.start() <= 1 {
+                                format!("keys up to {}", keys.end())
+                            } else {
+                                format!("keys of {}..={}", keys.start(), keys.end())
+                            };
                             println!("variant: calls with {keys} take the {name} plan (`attnforge plan {spec} --path {name}`)");
                         }
                     }

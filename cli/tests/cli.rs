@@ -231,6 +231,13 @@ fn the_mid_keys_variant_by_request() {
         s.contains("block_m=192 block_n=80") && s.contains("variant for mid-length keys (1025..=2048"),
         "{s}"
     );
+    // d64 causal: one consumer up to 768 keys, two up to 1024.
+    let s = text(&run(bin().args(["plan", "fwd.bf16.d64.causal-tl.dense.sm90a"])).stdout);
+    assert!(
+        s.contains("calls with keys up to 768 take the short-keys plan")
+            && s.contains("calls with keys of 769..=1024 take the mid-keys plan"),
+        "{s}"
+    );
     for other in ["fwd.bf16.d128.causal-tl.dense.sm90a", "fwd.bf16.d128.none.thd.sm90a"] {
         assert_clean_failure(
             &run(bin().args(["plan", other, "--path", "mid-keys"])),

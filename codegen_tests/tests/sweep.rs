@@ -150,7 +150,7 @@ fn every_matrix_spec_compiles_without_spills() {
     let _ = writeln!(
         md,
         "Written by `make sweep` / `make test` (codegen_tests/tests/sweep.rs): NVRTC {} into a fresh cache, \
-         {} specs and {} kernels (`.short` and `.mid`: the variants for keys up to 1024 and of 1025..=2048). Checks: compiles, no spills, no wgmma serialized by ptxas, stack <= {MAX_STACK} B, registers <= 255, shared memory within the arch limit, \
+         {} specs and {} kernels (`.short` and `.mid`: the variants for keys up to 1024 and of 1025..=2048; up to 768 and 769..=1024 at d <= 64 causal). Checks: compiles, no spills, no wgmma serialized by ptxas, stack <= {MAX_STACK} B, registers <= 255, shared memory within the arch limit, \
          every entry's parameters as the launcher passes them.\n",
         nvrtc.version_string(),
         specs.len(),
