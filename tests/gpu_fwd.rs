@@ -134,6 +134,15 @@ fn cases() -> Vec<Case> {
         &[(130, 130), (0, 0), (900, 600), (257, 700), (64, 0), (1, 1)],
     ));
     v.push(dense("fwd.bf16.d128.none.dense.sm80", 1, 4, 4, 129, 1000).key_ramp(24.0));
+    // d64 causal ragged: the one-consumer short-keys tiles (three blocks per
+    // SM) and the two-consumer mid-keys tiles on sequences of unequal
+    // lengths, the longest keys in the mid-keys range (769..=1024), GQA.
+    v.push(thd(
+        "fwd.f16.d64.causal-br.thd.sm90a",
+        4,
+        2,
+        &[(1000, 1000), (0, 3), (65, 65), (1, 1), (800, 500), (192, 192)],
+    ));
     v
 }
 
