@@ -739,10 +739,11 @@ impl Variant {
     /// The variant a call with keys this long takes (dense `seqlen_k`,
     /// ragged `max_seqlen_k`). Pure and cheap (the hot path asks it).
     pub fn for_keys(spec: &AttnSpec, seqlen_k: u32) -> Variant {
-        [Variant::ShortKeys, Variant::MidKeys]
-            .into_iter()
-            .find(|v| v.keys(spec).is_some_and(|r| r.contains(&seqlen_k)))
-            .unwrap_or(Variant::Main)
+        match key_ranges(spec) {
+            (Some(short), _) if short.contains(&seqlen_k) => Variant::ShortKeys,
+            (_, Some(mid)) if mid.contains(&seqlen_k) => Variant::MidKeys,
+            _ => Variant::Main,
+        }
     }
 
     /// The keys (dense `seqlen_k`, ragged maximum) whose calls take this
@@ -750,22 +751,9 @@ impl Variant {
     /// [`Variant::Sm80Path`] (not chosen by length) and where the spec has no
     /// such variant.
     pub fn keys(self, spec: &AttnSpec) -> Option<std::ops::RangeInclusive<u32>> {
-        let short = short_keys_tiles(spec);
-        // One consumer at several blocks per SM hands 769..=1024 on to the
-        // mid-keys tiles (ONE_CONSUMER_KEYS_MAX).
-        let short_max = match short {
-            Some(t) if t.blocks_per_sm > 1 => ONE_CONSUMER_KEYS_MAX,
-            _ => SHORT_KEYS_MAX,
-        };
         match self {
-            Variant::ShortKeys => short.map(|_| 0..=short_max),
-            Variant::MidKeys => mid_keys_tiles(spec).map(|_| {
-                if short_max < SHORT_KEYS_MAX {
-                    short_max + 1..=SHORT_KEYS_MAX
-                } else {
-                    SHORT_KEYS_MAX + 1..=MID_KEYS_MAX
-                }
-            }),
+            Variant::ShortKeys => key_ranges(spec).0,
+            Variant::MidKeys => key_ranges(spec).1,
             Variant::Main | Variant::Sm80Path => None,
         }
     }
@@ -778,6 +766,29 @@ impl Variant {
             Variant::MidKeys => ".mid",
             Variant::Sm80Path => ".sm80path",
         }
+    }
+}
+
+/// The key ranges of [`Variant::ShortKeys`] and [`Variant::MidKeys`] for
+/// `spec` (`None` where it has no such variant), from one look at its
+/// short-keys tiles: one consumer at several blocks per SM serves up to
+/// [`ONE_CONSUMER_KEYS_MAX`] and hands the rest up to [`SHORT_KEYS_MAX`] on to
+/// the mid-keys tiles, which every such spec has ([`mid_keys_tiles_why`]).
+fn key_ranges(
+    spec: &AttnSpec,
+) -> (
+    Option<std::ops::RangeInclusive<u32>>,
+    Option<std::ops::RangeInclusive<u32>>,
+) {
+    match short_keys_tiles(spec) {
+        Some(t) if t.blocks_per_sm > 1 => (
+            Some(0..=ONE_CONSUMER_KEYS_MAX),
+            Some(ONE_CONSUMER_KEYS_MAX + 1..=SHORT_KEYS_MAX),
+        ),
+        short => (
+            short.map(|_| 0..=SHORT_KEYS_MAX),
+            dense_mid_keys_tiles_why(spec).map(|_| SHORT_KEYS_MAX + 1..=MID_KEYS_MAX),
+        ),
     }
 }
 
@@ -884,6 +895,11 @@ pub fn mid_keys_tiles_why(spec: &AttnSpec) -> Option<(Sm90aFwdTiles, &'static st
              seqlen 1024 on the walk against the one consumer, +16% against three",
         ));
     }
+    dense_mid_keys_tiles_why(spec)
+}
+
+/// [`mid_keys_tiles_why`]'s dense d 80..128 case (without a mask or softcap).
+fn dense_mid_keys_tiles_why(spec: &AttnSpec) -> Option<(Sm90aFwdTiles, &'static str)> {
     if spec.direction != Direction::Fwd
         || spec.arch != Arch::Sm90a
         || spec.layout != Layout::Dense
@@ -1736,6 +1752,47 @@ mod tests {
         assert_eq!(Variant::for_keys(&thd(64), 1025), Variant::Main);
         assert_eq!(default_sm90a_tiles(&thd(128)).consumers, 2);
         assert_eq!(Variant::for_keys(&thd(128), 700), Variant::Main);
+    }
+
+    #[test]
+    fn key_ranges_of_every_matrix_spec_are_disjoint_and_match_the_variants() {
+        // Over the default coverage matrix: a range exists exactly where the
+        // variant does, the short range starts at 0, the mid range starts
+        // right after it (or after SHORT_KEYS_MAX where there is no short
+        // one), and for_keys takes each variant inside its range only.
+        for spec in crate::matrix::default_specs(&[Arch::Sm80, Arch::Sm90a]) {
+            let (short, mid) = (Variant::ShortKeys.keys(&spec), Variant::MidKeys.keys(&spec));
+            assert_eq!(short.is_some(), short_keys_tiles(&spec).is_some(), "{spec}");
+            assert_eq!(mid.is_some(), mid_keys_tiles(&spec).is_some(), "{spec}");
+            let short_end = short.as_ref().map(|r| {
+                assert_eq!(*r.start(), 0, "{spec}");
+                *r.end()
+            });
+            if let Some(m) = &mid {
+                assert_eq!(*m.start(), short_end.unwrap_or(SHORT_KEYS_MAX) + 1, "{spec}");
+                assert!(*m.end() <= MID_KEYS_MAX, "{spec}");
+            }
+            for k in [
+                0,
+                1,
+                512,
+                ONE_CONSUMER_KEYS_MAX,
+                ONE_CONSUMER_KEYS_MAX + 1,
+                SHORT_KEYS_MAX,
+                SHORT_KEYS_MAX + 1,
+                MID_KEYS_MAX,
+                MID_KEYS_MAX + 1,
+            ] {
+                let want = if short.as_ref().is_some_and(|r| r.contains(&k)) {
+                    Variant::ShortKeys
+                } else if mid.as_ref().is_some_and(|r| r.contains(&k)) {
+                    Variant::MidKeys
+                } else {
+                    Variant::Main
+                };
+                assert_eq!(Variant::for_keys(&spec, k), want, "{spec} at {k} keys");
+            }
+        }
     }
 
     #[test]
