@@ -723,10 +723,9 @@ pub const SHORT_KEYS_MAX: u32 = 1024;
 /// The longest keys that take [`Variant::ShortKeys`] where its tiles are one
 /// consumer warpgroup at several blocks per SM (d <= 64 causal). H100,
 /// tune90 on the walk (docs/benchmarks/2026-12-07-s38-gpu.md, -s39-gpu.md):
-/// +9.3% against two consumers at block_n 128 at 512 keys, -3.6% against the
-/// same with three stages at 1024; 768 lies between the two measured lengths
-/// (the lead falls from +9.3% to -3.6%: interpolated, even at ~880). Keys
-/// from here to [`SHORT_KEYS_MAX`] take [`Variant::MidKeys`].
+/// +9.3% against two consumers at block_n 128 at 512 keys, +6.6% against the
+/// same with three stages at 768, -3.6% at 1024. Keys from here to
+/// [`SHORT_KEYS_MAX`] take [`Variant::MidKeys`].
 pub const ONE_CONSUMER_KEYS_MAX: u32 = 768;
 
 /// The longest keys (dense `seqlen_k`) that take [`Variant::MidKeys`] where a

@@ -150,8 +150,9 @@ enum PathArg {
     /// The sm80 instruction path (`fwd_sm80.cu` / `bwd_sm80.cu`).
     Sm80,
     /// The planner's variant for short keys (at most 1024; 768 at d <= 64
-    /// causal), which a call takes by its keys' length where the spec has one (sm90a forwards whose
-    /// tiles measured faster at short keys differ from the main plan's).
+    /// causal), which a call takes by its keys' length where the spec has
+    /// one (sm90a forwards whose tiles measured faster at short keys differ
+    /// from the main plan's).
     ShortKeys,
     /// The planner's variant for keys of 1025 to 2048 (769 to 1024 at d <= 64
     /// causal), which a call takes by its keys' length where the spec has
