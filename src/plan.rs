@@ -738,6 +738,11 @@ impl Variant {
     /// The variant a call with keys this long takes (dense `seqlen_k`,
     /// ragged `max_seqlen_k`). Pure and cheap (the hot path asks it).
     pub fn for_keys(spec: &AttnSpec, seqlen_k: u32) -> Variant {
+        // No variant's range reaches past MID_KEYS_MAX (tested over the
+        // coverage matrix): long calls skip the look at the spec's tiles.
+        if seqlen_k > MID_KEYS_MAX {
+            return Variant::Main;
+        }
         match key_ranges(spec) {
             (Some(short), _) if short.contains(&seqlen_k) => Variant::ShortKeys,
             (_, Some(mid)) if mid.contains(&seqlen_k) => Variant::MidKeys,
@@ -780,7 +785,7 @@ fn key_ranges(
     Option<std::ops::RangeInclusive<u32>>,
 ) {
     match short_keys_tiles(spec) {
-        Some(t) if t.blocks_per_sm > 1 => (
+        Some(t) if hands_short_keys_on(&t) => (
             Some(0..=ONE_CONSUMER_KEYS_MAX),
             Some(ONE_CONSUMER_KEYS_MAX + 1..=SHORT_KEYS_MAX),
         ),
@@ -789,6 +794,13 @@ fn key_ranges(
             dense_mid_keys_tiles_why(spec).map(|_| SHORT_KEYS_MAX + 1..=MID_KEYS_MAX),
         ),
     }
+}
+
+/// Whether short-keys tiles serve only up to [`ONE_CONSUMER_KEYS_MAX`] and
+/// hand the keys after it on to [`Variant::MidKeys`]: one consumer at several
+/// blocks per SM (d <= 64 causal), which trails two consumers at 1024 keys.
+fn hands_short_keys_on(short: &Sm90aFwdTiles) -> bool {
+    short.blocks_per_sm > 1
 }
 
 /// The tiles of [`Variant::ShortKeys`] for `spec`, if it has that variant,
@@ -882,7 +894,7 @@ pub fn short_keys_tiles(spec: &AttnSpec) -> Option<Sm90aFwdTiles> {
 ///   block (session 24: three consumers lost 1.4% on the bench's ragged
 ///   batch).
 pub fn mid_keys_tiles_why(spec: &AttnSpec) -> Option<(Sm90aFwdTiles, &'static str)> {
-    if short_keys_tiles(spec).is_some_and(|t| t.blocks_per_sm > 1) {
+    if short_keys_tiles(spec).is_some_and(|t| hands_short_keys_on(&t)) {
         return Some((
             Sm90aFwdTiles {
                 consumers: 2,

@@ -14,7 +14,7 @@ use std::time::Instant;
 use attnforge::compile::wgmma_serialized;
 use attnforge::compile::Nvrtc;
 use attnforge::jit::{Jit, Origin};
-use attnforge::plan::{variants, Variant};
+use attnforge::plan::{variants, Variant, MID_KEYS_MAX, ONE_CONSUMER_KEYS_MAX, SHORT_KEYS_MAX};
 use attnforge::{matrix, Arch, AttnSpec};
 use attnforge_cache::{Cache, CacheConfig};
 
@@ -150,11 +150,13 @@ fn every_matrix_spec_compiles_without_spills() {
     let _ = writeln!(
         md,
         "Written by `make sweep` / `make test` (codegen_tests/tests/sweep.rs): NVRTC {} into a fresh cache, \
-         {} specs and {} kernels (`.short` and `.mid`: the variants for keys up to 1024 and of 1025..=2048; up to 768 and 769..=1024 at d <= 64 causal). Checks: compiles, no spills, no wgmma serialized by ptxas, stack <= {MAX_STACK} B, registers <= 255, shared memory within the arch limit, \
+         {} specs and {} kernels (`.short` and `.mid`: the variants for keys up to {SHORT_KEYS_MAX} and of {}..={MID_KEYS_MAX}; up to {ONE_CONSUMER_KEYS_MAX} and {}..={SHORT_KEYS_MAX} at d <= 64 causal). Checks: compiles, no spills, no wgmma serialized by ptxas, stack <= {MAX_STACK} B, registers <= 255, shared memory within the arch limit, \
          every entry's parameters as the launcher passes them.\n",
         nvrtc.version_string(),
         specs.len(),
-        rows.len()
+        rows.len(),
+        SHORT_KEYS_MAX + 1,
+        ONE_CONSUMER_KEYS_MAX + 1,
     );
     let _ = writeln!(
         md,
