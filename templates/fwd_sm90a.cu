@@ -498,22 +498,24 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             // d > 128 spill); this opaque copy of their base makes it build
             // them per step instead.
             if constexpr (WALK && QK_KSTEPS > 8) asm volatile("" : "+r"(q_base));
+            // Each step's descriptors: the low words once, plus a constant.
+            const unsigned q_lo = sw128_desc_lo(q_base, 16), k_lo = sw128_desc_lo(sK + s * K_BYTES, 16);
 #pragma unroll
             for (int ks = 0; ks < QK_KSTEPS; ++ks) {
                 const unsigned in_chunk = (ks % 4) * 32;
-                wgmma_qk(acc_s[0],
-                         sw128_desc(q_base + (ks / 4) * BLOCK_M * 128 + in_chunk, 16),
-                         sw128_desc(sK + s * K_BYTES + (ks / 4) * BLOCK_N * 128 + in_chunk, 16),
-                         ks > 0);
+                wgmma_qk(acc_s[0], sw128_desc_at(q_lo, (ks / 4) * BLOCK_M * 128 + in_chunk),
+                         sw128_desc_at(k_lo, (ks / 4) * BLOCK_N * 128 + in_chunk), ks > 0);
             }
             wgmma_commit();
         };
         // O += P V(stage s), and the row sums += P ones, committed as one wgmma group.
         auto issue_pv = [&](int s) {
+            const unsigned v_lo = sw128_desc_lo(sV + s * V_BYTES, BLOCK_N * 128);
+            const unsigned ones_lo = sw128_desc_lo(base + OFF_ONES, 16);
 #pragma unroll
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-                wgmma_pv(acc_o, pa[kk], sw128_desc(sV + s * V_BYTES + kk * 16 * 128, BLOCK_N * 128));
-                if constexpr (ROWSUM_MMA) wgmma_rowsum(acc_l, pa[kk], sw128_desc(base + OFF_ONES, 16));
+                wgmma_pv(acc_o, pa[kk], sw128_desc_at(v_lo, kk * 16 * 128));
+                if constexpr (ROWSUM_MMA) wgmma_rowsum(acc_l, pa[kk], sw128_desc_at(ones_lo, 0));
             }
             wgmma_commit();
         };

@@ -315,6 +315,23 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned
     d |= 1ull << 62;                                       // swizzle mode: 128 B
     return d;
 }
+// sw128_desc in halves, for a loop of descriptors at constant offsets from one
+// base: the low word once (start address >> 4 in bits 0-13, lbo >> 4 in 16-29),
+// then each descriptor is one 32-bit add (ptxas otherwise redoes the mask,
+// shift and OR of sw128_desc per descriptor, as the mask does not distribute
+// over the add). sw128_desc_at(sw128_desc_lo(addr, lbo), off) ==
+// sw128_desc(addr + off, lbo) for every 16-byte multiple `off` with addr + off
+// in the block's shared memory: shared::cta addresses stay below 228 KB, so
+// (addr + off) >> 4 < 2^14 fits the 14-bit field and the add never carries
+// into bits 14-15 or the lbo field. The high word is constant: base offset
+// 1024 >> 4 in bits 32-45, swizzle mode 1 (128 B) in bits 62-63.
+constexpr unsigned SW128_DESC_HI = (1024u >> 4) | (1u << 30);
+__device__ __forceinline__ unsigned sw128_desc_lo(unsigned addr, unsigned lbo) {
+    return ((addr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16);
+}
+__device__ __forceinline__ unsigned long long sw128_desc_at(unsigned lo, unsigned off) {
+    return ((unsigned long long)SW128_DESC_HI << 32) | (lo + (off >> 4));
+}
 
 // ---- register reallocation between warpgroups ----
 template <int N>
@@ -1065,22 +1082,24 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             // d > 128 spill); this opaque copy of their base makes it build
             // them per step instead.
             if constexpr (WALK && QK_KSTEPS > 8) asm volatile("" : "+r"(q_base));
+            // Each step's descriptors: the low words once, plus a constant.
+            const unsigned q_lo = sw128_desc_lo(q_base, 16), k_lo = sw128_desc_lo(sK + s * K_BYTES, 16);
 #pragma unroll
             for (int ks = 0; ks < QK_KSTEPS; ++ks) {
                 const unsigned in_chunk = (ks % 4) * 32;
-                wgmma_qk(acc_s[0],
-                         sw128_desc(q_base + (ks / 4) * BLOCK_M * 128 + in_chunk, 16),
-                         sw128_desc(sK + s * K_BYTES + (ks / 4) * BLOCK_N * 128 + in_chunk, 16),
-                         ks > 0);
+                wgmma_qk(acc_s[0], sw128_desc_at(q_lo, (ks / 4) * BLOCK_M * 128 + in_chunk),
+                         sw128_desc_at(k_lo, (ks / 4) * BLOCK_N * 128 + in_chunk), ks > 0);
             }
             wgmma_commit();
         };
         // O += P V(stage s), and the row sums += P ones, committed as one wgmma group.
         auto issue_pv = [&](int s) {
+            const unsigned v_lo = sw128_desc_lo(sV + s * V_BYTES, BLOCK_N * 128);
+            const unsigned ones_lo = sw128_desc_lo(base + OFF_ONES, 16);
 #pragma unroll
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-                wgmma_pv(acc_o, pa[kk], sw128_desc(sV + s * V_BYTES + kk * 16 * 128, BLOCK_N * 128));
-                if constexpr (ROWSUM_MMA) wgmma_rowsum(acc_l, pa[kk], sw128_desc(base + OFF_ONES, 16));
+                wgmma_pv(acc_o, pa[kk], sw128_desc_at(v_lo, kk * 16 * 128));
+                if constexpr (ROWSUM_MMA) wgmma_rowsum(acc_l, pa[kk], sw128_desc_at(ones_lo, 0));
             }
             wgmma_commit();
         };

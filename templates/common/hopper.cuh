@@ -104,6 +104,23 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned
     d |= 1ull << 62;                                       // swizzle mode: 128 B
     return d;
 }
+// sw128_desc in halves, for a loop of descriptors at constant offsets from one
+// base: the low word once (start address >> 4 in bits 0-13, lbo >> 4 in 16-29),
+// then each descriptor is one 32-bit add (ptxas otherwise redoes the mask,
+// shift and OR of sw128_desc per descriptor, as the mask does not distribute
+// over the add). sw128_desc_at(sw128_desc_lo(addr, lbo), off) ==
+// sw128_desc(addr + off, lbo) for every 16-byte multiple `off` with addr + off
+// in the block's shared memory: shared::cta addresses stay below 228 KB, so
+// (addr + off) >> 4 < 2^14 fits the 14-bit field and the add never carries
+// into bits 14-15 or the lbo field. The high word is constant: base offset
+// 1024 >> 4 in bits 32-45, swizzle mode 1 (128 B) in bits 62-63.
+constexpr unsigned SW128_DESC_HI = (1024u >> 4) | (1u << 30);
+__device__ __forceinline__ unsigned sw128_desc_lo(unsigned addr, unsigned lbo) {
+    return ((addr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16);
+}
+__device__ __forceinline__ unsigned long long sw128_desc_at(unsigned lo, unsigned off) {
+    return ((unsigned long long)SW128_DESC_HI << 32) | (lo + (off >> 4));
+}
 
 // ---- register reallocation between warpgroups ----
 template <int N>
