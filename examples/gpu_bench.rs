@@ -1469,6 +1469,8 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
         (false, 128, false, 2048),
         (false, 256, false, 2048),
         (false, 128, false, 8192),
+        (false, 128, false, 16384),
+        (false, 256, true, 2048),
         (false, 128, true, 2048),
         (false, 128, true, 8192),
         (false, 128, true, 16384),

@@ -1010,7 +1010,7 @@ pub fn walk_grid(
     let d = plan.head_dim_qk_padded.max(plan.head_dim_v_padded);
     let cap = match cap {
         _ if one_tile.1 > 65535 => resident,
-        0 if crate::plan::sm90a_walk_pays(p.seqlen_k, &plan.spec, d, plan.block_m / 64) => resident,
+        0 if crate::plan::sm90a_walk_pays(p.seqlen_k, &plan.spec, d, plan.block_m / 64, plan.block_n) => resident,
         0 | ONE_TILE => return None,
         c => c,
     };
@@ -1308,11 +1308,16 @@ mod tests {
         let alone = plan(&spec).unwrap();
         assert_eq!(alone.cluster_m, 1);
         assert!(!serde_json::to_string(&alone).unwrap().contains("cluster_m"));
+        // Two consumers (block_m 128), as the option was built and measured
+        // (the planner's d128 tiles without a mask have three since session 41).
         let with = |s: &AttnSpec| {
             plan_fwd_sm90a_with(
                 s,
                 Sm90aFwdTiles {
                     cluster: true,
+                    consumers: 2,
+                    block_n: 128,
+                    stages: 2,
                     ..default_sm90a_tiles(s)
                 },
             )
@@ -1346,6 +1351,7 @@ mod tests {
         let qbm = Sm90aFwdTiles {
             head_major: false,
             cluster: true,
+            consumers: 2,
             ..default_sm90a_tiles(&spec)
         };
         assert_eq!(cluster_grid(&plan_fwd_sm90a_with(&spec, qbm), (16, 8, 1)), None);

@@ -656,12 +656,13 @@ fn fwd_sm90a_smem(block_m: u32, block_n: u32, stages: u32, qk_chunks: u32, v_chu
 /// (418 vs 405, 442 vs 414), so past d128 a mask keeps one tile per block up
 /// to [`SM90A_ONE_TILE_MASKED_MAX_KEYS`]; three consumers under a mask walk
 /// up to 2k (d128 causal 2k: 487 walk vs 472 one tile).
-pub fn sm90a_walk_pays(seqlen_k: u32, spec: &AttnSpec, d: u32, consumers: u32) -> bool {
+pub fn sm90a_walk_pays(seqlen_k: u32, spec: &AttnSpec, d: u32, consumers: u32, block_n: u32) -> bool {
     let masked = spec.mask != Mask::None;
     if masked && d > 128 && seqlen_k <= SM90A_ONE_TILE_MASKED_MAX_KEYS {
         return false;
     }
-    seqlen_k <= SM90A_WALK_MAX_KEYS || (sm90a_walks_to_2k(spec, d, consumers) && seqlen_k <= 2 * SM90A_WALK_MAX_KEYS)
+    seqlen_k <= SM90A_WALK_MAX_KEYS
+        || (sm90a_walks_to_2k(spec, d, consumers, block_n) && seqlen_k <= 2 * SM90A_WALK_MAX_KEYS)
 }
 
 /// Where the sm90a forward walks up to twice [`SM90A_WALK_MAX_KEYS`]: at
@@ -674,14 +675,17 @@ pub fn sm90a_walk_pays(seqlen_k: u32, spec: &AttnSpec, d: u32, consumers: u32) -
 /// session 35, `docs/benchmarks/2026-12-06-s35-gpu.md` call B; ragged batches
 /// keep their longest-first one-tile order there, unmeasured on the walk).
 /// d64 without a mask stays one tile per block (492.6 against 492.5), and
-/// d256 under a mask too (539.8 and 543.5 against 529.6 and 542.0: inside the
-/// rounds' spread).
-fn sm90a_walks_to_2k(spec: &AttnSpec, d: u32, consumers: u32) -> bool {
+/// d256 under a mask at block_n 80 too (539.8 and 543.5 against 529.6 and
+/// 542.0: inside the rounds' spread). At block_n 64 (the d256 causal
+/// short-keys tiles, which dense calls take up to 2k keys) the walk leads at
+/// 2k: 561.7 against 544.0 one tile per block, ahead in all 5 rounds (H100,
+/// session 41, `docs/benchmarks/2026-12-07-s41-gpu.md`).
+fn sm90a_walks_to_2k(spec: &AttnSpec, d: u32, consumers: u32, block_n: u32) -> bool {
     let masked = spec.mask != Mask::None;
     match d {
         0..=64 => masked,
         65..=128 => consumers >= 3,
-        _ => !masked && spec.layout == Layout::Dense,
+        _ => spec.layout == Layout::Dense && (!masked || block_n <= 64),
     }
 }
 
@@ -700,12 +704,12 @@ pub enum Variant {
     /// causal mask, block_n 64 at d256 causal, block_n 128 at d128 without a
     /// mask.
     ShortKeys,
-    /// Keys of medium length (past the short-keys range, at most
-    /// [`MID_KEYS_MAX`], or [`SHORT_KEYS_MAX`] after the one-consumer tiles;
-    /// [`Variant::keys`]): three consumer warpgroups at block_n 80 on the
-    /// walk where the main plan has two at block_n 176 (dense d 80..128
-    /// without a mask or softcap), two consumers at block_n 128 where d <= 64
-    /// causal has three ([`mid_keys_tiles_why`]).
+    /// Keys of medium length ([`Variant::keys`]): two consumers at block_n
+    /// 128 for keys of 769..=1024 after the one-consumer short-keys tiles,
+    /// where d <= 64 causal has three ([`mid_keys_tiles_why`]). (Until
+    /// session 41 also dense d 80..128 without a mask, up to 2048 keys: three
+    /// consumers at block_n 80 where the main plan had two at block_n 176;
+    /// the main plan has them now.)
     MidKeys,
     /// The sm80 instruction path ([`plan_sm80_path`]) where the planner takes
     /// the wgmma templates (sm90a): asked for by name only (the opt-in
@@ -728,10 +732,10 @@ pub const SHORT_KEYS_MAX: u32 = 1024;
 /// [`SHORT_KEYS_MAX`] take [`Variant::MidKeys`].
 pub const ONE_CONSUMER_KEYS_MAX: u32 = 768;
 
-/// The longest keys (dense `seqlen_k`) that take [`Variant::MidKeys`] where a
-/// spec has one; shorter keys than [`SHORT_KEYS_MAX`] + 1 take
-/// [`Variant::ShortKeys`] or the main plan (d <= 64 causal: see
-/// [`ONE_CONSUMER_KEYS_MAX`]).
+/// The longest keys that any variant serves ([`Variant::for_keys`] takes
+/// the main plan past it without looking at the spec): the short-keys tiles
+/// of dense d > 192 causal specs ([`short_keys_end`]); the mid-keys variant
+/// ends at [`SHORT_KEYS_MAX`].
 pub const MID_KEYS_MAX: u32 = 2048;
 
 impl Variant {
@@ -789,10 +793,21 @@ fn key_ranges(
             Some(0..=ONE_CONSUMER_KEYS_MAX),
             Some(ONE_CONSUMER_KEYS_MAX + 1..=SHORT_KEYS_MAX),
         ),
-        short => (
-            short.map(|_| 0..=SHORT_KEYS_MAX),
-            dense_mid_keys_tiles_why(spec).map(|_| SHORT_KEYS_MAX + 1..=MID_KEYS_MAX),
-        ),
+        short => (short.map(|t| 0..=short_keys_end(spec, &t)), None),
+    }
+}
+
+/// The longest keys of [`Variant::ShortKeys`] where it does not hand keys on
+/// to [`Variant::MidKeys`]: [`SHORT_KEYS_MAX`], but [`MID_KEYS_MAX`] for the
+/// dense d > 192 causal tiles (block_n 64 on the walk, where the main plan has
+/// block_n 80 one tile per block at 2k: 561.7 against 535.1 TFLOP/s, ahead in
+/// all 5 rounds; H100, session 41, tune90, docs/benchmarks/2026-12-07-s41-gpu.md).
+fn short_keys_end(spec: &AttnSpec, short: &Sm90aFwdTiles) -> u32 {
+    let causal = matches!(spec.mask, Mask::CausalTopLeft | Mask::CausalBottomRight);
+    if causal && spec.layout == Layout::Dense && short.block_n == 64 && short.consumers == 2 {
+        MID_KEYS_MAX
+    } else {
+        SHORT_KEYS_MAX
     }
 }
 
@@ -822,10 +837,12 @@ fn hands_short_keys_on(short: &Sm90aFwdTiles) -> bool {
 ///   consumers);
 /// - d > 192 under a causal mask: block_n 64 instead of 80 (512 keys in 8
 ///   whole tiles; tune90, 7 rounds: 291.7 vs 287.6 at 512, one tile per
-///   block; 441.9 vs 418.5 at 1024 on the walk);
-/// - d 80..128 without a mask or softcap: block_n 128 instead of 176 (512
-///   keys in 4 whole tiles instead of 3 with a partial last one; tune90 on the
-///   walk, 7 rounds: 487.7 vs 470.7 at 512, 556.1 vs 537.1 at 1024).
+///   block; 441.9 vs 418.5 at 1024 on the walk), and on dense tensors up to
+///   2048 keys ([`short_keys_end`]);
+/// - d 80..128 without a mask or softcap: two consumers at block_n 128
+///   where the main plan has three at block_n 80 (tune90 on the walk, H100,
+///   session 40: 498.3 vs 435.1 at 512; against the main plan's block_n 176
+///   of before session 41: 487.7 vs 470.7 at 512, 556.1 vs 537.1 at 1024).
 pub fn short_keys_tiles_why(spec: &AttnSpec) -> Option<(Sm90aFwdTiles, &'static str)> {
     if spec.direction != Direction::Fwd || spec.arch != Arch::Sm90a || spec.validate().is_err() {
         return None;
@@ -855,11 +872,16 @@ pub fn short_keys_tiles_why(spec: &AttnSpec) -> Option<(Sm90aFwdTiles, &'static 
             "block_m 192 covers a short causal triangle with more wasted rows; measured +15% at seqlen 512",
         ))
     } else if causal && dmax > 192 && main.block_n == 80 {
-        Some((short(2, 64), "measured +1.4% at seqlen 512 and +5.6% at 1024"))
-    } else if spec.mask == Mask::None && main.block_n == 176 {
+        Some((
+            short(2, 64),
+            "measured +1.4% at seqlen 512, +5.6% at 1024 and, on dense tensors, +5.0% at 2048 on the walk",
+        ))
+    } else if spec.mask == Mask::None && dmax > 64 && dmax <= 128 && !spec.softcap && main.consumers >= 3 {
         Some((
             short(2, 128),
-            "512 keys in 4 whole key tiles, not 3 with a partial last one; measured +3.6% at seqlen 512 and +3.5% at 1024",
+            "two consumers at block_n 128 where the main plan has three at block_n 80: 128-row query blocks load \
+             each K/V byte for fewer rows but fill 512 keys in 4 whole tiles; measured 498.3 vs 435.1 TFLOP/s at \
+             seqlen 512 on the walk (H100, session 40)",
         ))
     } else {
         None
@@ -880,19 +902,12 @@ pub fn short_keys_tiles(spec: &AttnSpec) -> Option<Sm90aFwdTiles> {
 ///   walk at 1024 keys, 5 rounds (docs/benchmarks/2026-12-07-s39-gpu.md):
 ///   317.3 TFLOP/s against 305.9 (one consumer, three blocks per SM), 310.6
 ///   (two stages) and 274.5 (the main plan's three consumers); at 512 the one
-///   consumer leads (248.4 against 230.5), at 2k the main plan (375.0);
-/// - dense sm90a forwards at d 80..128 without a mask or softcap (the main
-///   plan's block_n 176): three consumer warpgroups at block_n 80 with two
-///   stages, on the walk. H100, `gpu_bench --tune90` at seqlen 2048 (b 8, h
-///   16, bf16), interleaved rounds: session 24 (5 rounds,
-///   docs/benchmarks/2026-12-05-s24-gpu.md) 612.5 TFLOP/s against the main
-///   plan's 596.8 (+2.6%); session 34 (7 rounds,
-///   docs/benchmarks/2026-12-06-s34-gpu.md) 619.5 against 580.6 (+6.7%). At
-///   8k the main plan is ahead (684 against 668, session 24), at 512 the
-///   short-keys tiles (477 against 427 on the walk, session 34). Ragged
-///   batches keep the main plan: a 192-row block pads each sequence's partial
-///   block (session 24: three consumers lost 1.4% on the bench's ragged
-///   batch).
+///   consumer leads (248.4 against 230.5), at 2k the main plan (375.0).
+///
+/// (Dense d 80..128 without a mask or softcap had one up to session 41:
+///   three consumers at block_n 80 with two stages for 1025..=2048 keys,
+///   +2.6% and +6.7% against block_n 176 at 2k; three consumers are now that
+///   spec's main plan, with three stages, docs/kernels.md v22.)
 pub fn mid_keys_tiles_why(spec: &AttnSpec) -> Option<(Sm90aFwdTiles, &'static str)> {
     if short_keys_tiles(spec).is_some_and(|t| hands_short_keys_on(&t)) {
         return Some((
@@ -906,30 +921,7 @@ pub fn mid_keys_tiles_why(spec: &AttnSpec) -> Option<(Sm90aFwdTiles, &'static st
              seqlen 1024 on the walk against the one consumer, +16% against three",
         ));
     }
-    dense_mid_keys_tiles_why(spec)
-}
-
-/// [`mid_keys_tiles_why`]'s dense d 80..128 case (without a mask or softcap).
-fn dense_mid_keys_tiles_why(spec: &AttnSpec) -> Option<(Sm90aFwdTiles, &'static str)> {
-    if spec.direction != Direction::Fwd
-        || spec.arch != Arch::Sm90a
-        || spec.layout != Layout::Dense
-        || spec.mask != Mask::None
-        || spec.validate().is_err()
-    {
-        return None;
-    }
-    let main = default_sm90a_tiles(spec);
-    (main.block_n == 176 && !spec.softcap).then_some((
-        Sm90aFwdTiles {
-            consumers: 3,
-            block_n: 80,
-            stages: 2,
-            ..main
-        },
-        "a third warpgroup to overlap with where each block's keys are few; measured +2.6% and +6.7% at seqlen \
-         2048 on the walk, behind the main plan from 8k",
-    ))
+    None
 }
 
 /// The tiles of [`Variant::MidKeys`] for `spec`, if it has that variant
@@ -1179,14 +1171,24 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
     // kernel has both entries (one cubin, two functions from one body) and
     // the launcher picks per call ([`sm90a_walk_pays`]). block_n 176 at
     // d128 without a mask: +1..7% from 2k on in three runs (S 88 + P 44 +
-    // O 64 registers); not with softcap, whose walk entry spilled there
-    // (ragged d128: 4/20 B).
+    // O 64 registers; until session 41, below); not with softcap, whose walk
+    // entry spilled there (ragged d128: 4/20 B).
     let (block_n, stages, consumers) = if dmax <= 64 && spec.softcap {
         (192, 3, SM90A_CONSUMERS)
     } else if dmax <= 64 {
         (128, 3, 3)
     } else if dmax <= 128 && spec.mask == Mask::None && !spec.softcap {
-        (176, 2, SM90A_CONSUMERS)
+        // H100, 2026-12-07 (session 41, tune90, 5 interleaved rounds,
+        // docs/benchmarks/2026-12-07-s41-gpu.md): after v21's one-add
+        // descriptors (most gain where a tile has the most HGMMAs per score),
+        // three consumers at block_n 80 with three stages lead block_n 176:
+        // 8k 660.5 vs 618.1, 16k 667.8 vs 651.0 (one tile per block), 2k
+        // 624.0 vs the old mid-keys tiles' 611.7 (two stages, walk). Session
+        // 24 had them behind (657-668 vs 684 at 8k). Same-process A/B against
+        // block_n 176: 8k +9.5% / +5.6%, 16k +4.5% / +5.1% (two calls), and
+        // the bench's ragged batch +8.2% (627.6 vs 580.1), where a 192-row
+        // block pads more rows per sequence.
+        (80, 3, 3)
     } else if dmax <= 128
         && spec.layout == Layout::Dense
         && matches!(spec.mask, Mask::CausalTopLeft | Mask::CausalBottomRight)
@@ -1200,7 +1202,9 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
         // Without a mask no gain (8k 657-668 vs 684 at 176). Same-process
         // A/B on an H200 (`--ab`): 2k +4.3%, 8k +5.1%, 16k +3.1%, but the
         // bench's ragged batch -1.4% (more padded rows per sequence at
-        // block_m 192), so dense only.
+        // block_m 192), so dense only. Session 41 (H100, after v21): two
+        // stages led three in tune90 (8k 657.0 vs 625.7) but not in the
+        // same-process A/B (2k -2.6%, 8k -0.4%, 16k -0.1%).
         (80, 3, 3)
     } else if dmax <= 128 {
         (128, 2, SM90A_CONSUMERS)
@@ -1414,13 +1418,19 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
              under this tile's last P V and epilogue",
             if spec.mask != Mask::None && dmax > 128 {
                 format!(
-                    "{SM90A_WALK_MAX_KEYS} from {} (under a mask past d128 one tile per block up to \
+                    "{} from {} (under a mask past d128 one tile per block up to \
                      {SM90A_ONE_TILE_MASKED_MAX_KEYS}: measured +15% at d256 causal, seqlen 512)",
+                    if sm90a_walks_to_2k(spec, dmax, consumers, block_n) {
+                        2 * SM90A_WALK_MAX_KEYS
+                    } else {
+                        SM90A_WALK_MAX_KEYS
+                    },
                     SM90A_ONE_TILE_MASKED_MAX_KEYS + 1
                 )
-            } else if sm90a_walks_to_2k(spec, dmax, consumers) {
+            } else if sm90a_walks_to_2k(spec, dmax, consumers, block_n) {
                 format!(
-                    "{} (three consumers up to d128, under a mask at d <= 64, dense without one past d128)",
+                    "{} (three consumers up to d128, under a mask at d <= 64, dense without one past d128, or at \
+                     block_n 64)",
                     2 * SM90A_WALK_MAX_KEYS
                 )
             } else {
@@ -1609,7 +1619,8 @@ mod tests {
             (128, Mask::SlidingWindow, Layout::Dense, true),
             (128, Mask::CausalBottomRight, Layout::Thd, false),
             (128, Mask::CausalTopLeft, Layout::Dense, true),
-            (128, Mask::None, Layout::Dense, false),
+            (128, Mask::None, Layout::Dense, true),
+            (128, Mask::None, Layout::Thd, false),
             (256, Mask::CausalTopLeft, Layout::Dense, false),
         ] {
             let spec = AttnSpec::fwd(DType::Bf16, d, mask, layout, Arch::Sm90a);
@@ -1807,7 +1818,7 @@ mod tests {
     }
 
     #[test]
-    fn mid_keys_variant_for_dense_d128_without_a_mask() {
+    fn dense_d128_without_a_mask_takes_three_consumers_and_no_mid_keys_variant() {
         use crate::spec::DType;
         for (dt, d_qk, d_v) in [(DType::Bf16, 128, 128), (DType::F16, 96, 96), (DType::Bf16, 80, 80)] {
             let spec = AttnSpec {
@@ -1815,38 +1826,32 @@ mod tests {
                 ..AttnSpec::fwd(dt, d_qk, Mask::None, Layout::Dense, Arch::Sm90a)
             };
             let main = plan(&spec).unwrap();
-            assert_eq!((main.block_m, main.block_n), (128, 176), "{spec}");
-            // 1025..=2048 keys: the mid-keys plan; shorter ones the short-keys
-            // plan, longer ones the main plan.
+            assert_eq!((main.block_m, main.block_n, main.stages), (192, 80, 3), "{spec}");
+            // Up to 1024 keys the short-keys plan (two consumers at block_n
+            // 128), longer ones the main plan, on the walk up to 2k.
             assert_eq!(Variant::for_keys(&spec, SHORT_KEYS_MAX), Variant::ShortKeys, "{spec}");
-            assert_eq!(Variant::for_keys(&spec, SHORT_KEYS_MAX + 1), Variant::MidKeys, "{spec}");
-            assert_eq!(Variant::for_keys(&spec, MID_KEYS_MAX), Variant::MidKeys, "{spec}");
-            assert_eq!(Variant::for_keys(&spec, MID_KEYS_MAX + 1), Variant::Main, "{spec}");
-            assert_eq!(Variant::MidKeys.keys(&spec), Some(SHORT_KEYS_MAX + 1..=MID_KEYS_MAX));
+            assert_eq!(Variant::for_keys(&spec, SHORT_KEYS_MAX + 1), Variant::Main, "{spec}");
             assert_eq!(Variant::ShortKeys.keys(&spec), Some(0..=SHORT_KEYS_MAX));
-            assert_eq!((Variant::Main.keys(&spec), Variant::Sm80Path.keys(&spec)), (None, None));
-            let mid = plan_variant(&spec, Variant::MidKeys).unwrap().expect("a mid-keys plan");
-            assert_eq!((mid.block_m, mid.block_n, mid.stages), (192, 80, 2), "{spec}");
-            assert!(
-                mid.reasons[0].starts_with("variant for mid-length keys (1025..=2048, chosen per call): 3 consumer"),
-                "{spec}: {:?}",
-                mid.reasons
-            );
-            assert_eq!(
-                (mid.spec, &mid.entry, mid.template),
-                (main.spec, &main.entry, main.template)
-            );
-            assert_eq!(
-                variants(&spec).collect::<Vec<_>>(),
-                [Variant::Main, Variant::ShortKeys, Variant::MidKeys]
-            );
-            // The launcher walks it at 2k (and one tile per block past 2k,
-            // where no call takes it).
+            assert_eq!(Variant::MidKeys.keys(&spec), None);
+            let short = plan_variant(&spec, Variant::ShortKeys)
+                .unwrap()
+                .expect("a short-keys plan");
+            assert_eq!((short.block_m, short.block_n), (128, 128), "{spec}");
+            assert_eq!(variants(&spec).collect::<Vec<_>>(), [Variant::Main, Variant::ShortKeys]);
             let d = d_qk.max(d_v) as u32;
-            assert!(sm90a_walk_pays(MID_KEYS_MAX, &spec, d, 3) && !sm90a_walk_pays(MID_KEYS_MAX, &spec, d, 2));
+            assert!(
+                sm90a_walk_pays(MID_KEYS_MAX, &spec, d, 3, 80) && !sm90a_walk_pays(MID_KEYS_MAX + 1, &spec, d, 3, 80)
+            );
+            // Ragged the same.
+            let thd = plan(&AttnSpec {
+                layout: Layout::Thd,
+                ..spec
+            })
+            .unwrap();
+            assert_eq!((thd.block_m, thd.block_n, thd.stages), (192, 80, 3), "{spec}");
         }
-        // None elsewhere: under a mask (but d <= 64 causal), ragged, softcap,
-        // d64 and d256, sm80, backward.
+        // No mid-keys variant elsewhere either (but d <= 64 causal): under a
+        // mask, ragged, softcap, d64 and d256, sm80, backward.
         let d128 = AttnSpec::fwd(DType::Bf16, 128, Mask::None, Layout::Dense, Arch::Sm90a);
         for spec in [
             AttnSpec {
@@ -2314,14 +2319,18 @@ mod tests {
 
     #[test]
     fn sm90a_softmax_under_pv_up_to_block_n_160() {
-        // d128 without a mask takes block_n 176: the P V wait stays first.
-        for (d, mask, under) in [
-            (128, Mask::None, false),
-            (128, Mask::CausalTopLeft, true),
-            (64, Mask::None, true),
-            (256, Mask::None, true),
+        // d64 with softcap takes block_n 192: the P V wait stays first.
+        for (d, mask, softcap, under) in [
+            (64, Mask::None, true, false),
+            (128, Mask::None, false, true),
+            (128, Mask::CausalTopLeft, false, true),
+            (64, Mask::None, false, true),
+            (256, Mask::None, false, true),
         ] {
-            let spec = AttnSpec::fwd(DType::Bf16, d, mask, Layout::Dense, Arch::Sm90a);
+            let spec = AttnSpec {
+                softcap,
+                ..AttnSpec::fwd(DType::Bf16, d, mask, Layout::Dense, Arch::Sm90a)
+            };
             let p = plan_fwd_sm90a(&spec);
             assert_eq!(p.softmax_under_pv, under, "{spec}: block_n {}", p.block_n);
             assert_eq!(p.softmax_under_pv, p.block_n <= SM90A_SOFTMAX_UNDER_PV_MAX_BN);
@@ -2404,7 +2413,7 @@ mod tests {
                 let dense = layout == Layout::Dense;
                 let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, layout, Arch::Sm90a);
                 for consumers in [2, 3] {
-                    let walks = |s| sm90a_walk_pays(s, &spec, d, consumers);
+                    let walks = |s| sm90a_walk_pays(s, &spec, d, consumers, 80);
                     // Past d128 a mask keeps one tile per block up to 512 keys.
                     assert_eq!(walks(512), !(masked && d > 128));
                     assert!(walks(513) && walks(SM90A_WALK_MAX_KEYS));
@@ -2423,11 +2432,33 @@ mod tests {
                 }
             }
         }
-        // block_n 176 at d128 only without a mask; three consumers at 80 under a dense causal mask.
+        // d256 causal at block_n 64 (its short-keys tiles, which dense calls
+        // take up to 2k keys): one tile per block up to 512, then the walk up
+        // to 2k on dense tensors; ragged batches take the main plan past 1024.
+        let d256c = AttnSpec::fwd(DType::Bf16, 256, Mask::CausalTopLeft, Layout::Dense, Arch::Sm90a);
+        let walks = |spec: &AttnSpec, s| sm90a_walk_pays(s, spec, 256, 2, 64);
+        assert!(!walks(&d256c, 512) && walks(&d256c, 513) && walks(&d256c, 2048) && !walks(&d256c, 2049));
+        assert_eq!(Variant::for_keys(&d256c, 2048), Variant::ShortKeys);
+        assert_eq!(Variant::for_keys(&d256c, 2049), Variant::Main);
+        assert_eq!(
+            plan_variant(&d256c, Variant::ShortKeys)
+                .unwrap()
+                .expect("short")
+                .block_n,
+            64
+        );
+        let d256t = AttnSpec::fwd(DType::Bf16, 256, Mask::CausalBottomRight, Layout::Thd, Arch::Sm90a);
+        assert!(walks(&d256t, 1024) && !walks(&d256t, 2048));
+        assert_eq!(Variant::for_keys(&d256t, 1024), Variant::ShortKeys);
+        assert_eq!(Variant::for_keys(&d256t, 1025), Variant::Main);
+        // Three consumers at block_n 80 at d128 without a mask and under a
+        // dense causal mask.
         let tiles = |mask| default_sm90a_tiles(&AttnSpec::fwd(DType::Bf16, 128, mask, Layout::Dense, Arch::Sm90a));
-        assert_eq!((tiles(Mask::None).block_n, tiles(Mask::None).consumers), (176, 2));
-        for mask in [Mask::CausalTopLeft, Mask::CausalBottomRight] {
-            assert_eq!((tiles(mask).block_n, tiles(mask).consumers), (80, 3));
+        for mask in [Mask::None, Mask::CausalTopLeft, Mask::CausalBottomRight] {
+            assert_eq!(
+                (tiles(mask).block_n, tiles(mask).consumers, tiles(mask).stages),
+                (80, 3, 3)
+            );
         }
         assert_eq!(
             (tiles(Mask::SlidingWindow).block_n, tiles(Mask::SlidingWindow).consumers),

@@ -133,6 +133,23 @@ fn cases() -> Vec<Case> {
         1,
         &[(130, 130), (0, 0), (900, 600), (257, 700), (64, 0), (1, 1)],
     ));
+    // d128 ragged without a mask: three consumers (192-row blocks) at block_n
+    // 80 since session 41; sequences around the block edges (191, 193, 384),
+    // empty and one-token ones, more keys than queries, GQA.
+    v.push(thd(
+        "fwd.bf16.d128.none.thd.sm90a",
+        4,
+        2,
+        &[
+            (1500, 1500),
+            (0, 4),
+            (1, 1),
+            (191, 191),
+            (193, 700),
+            (384, 384),
+            (65, 1300),
+        ],
+    ));
     v.push(dense("fwd.bf16.d128.none.dense.sm80", 1, 4, 4, 129, 1000).key_ramp(24.0));
     // d64 causal ragged: the one-consumer short-keys tiles (three blocks per
     // SM) and the two-consumer mid-keys tiles on sequences of unequal

@@ -156,7 +156,11 @@ fn plan_and_help_describe_the_spec() {
     let out = run(bin().args(["plan", "fwd.bf16.d128.none.dense.sm90a", "--json"]));
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_str(&text(&out.stdout)).expect("plan JSON");
-    assert_eq!(v["block_n"], 176, "{v}");
+    assert_eq!(
+        (v["block_m"].as_u64(), v["block_n"].as_u64()),
+        (Some(192), Some(80)),
+        "{v}"
+    );
     assert_eq!(v["entry"], "attnforge_fwd_bf16_d128_none_dense_sm90a");
     let out = run(bin().arg("--help"));
     assert!(text(&out.stdout).contains("causal-br"));
@@ -212,25 +216,24 @@ fn the_sm80_path_on_sm90a_by_request() {
 
 #[test]
 fn the_mid_keys_variant_by_request() {
-    // d128 without a mask: the plan names both variants; --path mid-keys prints
-    // three consumers at block_n 80, and a spec without one fails cleanly.
-    let spec = "fwd.bf16.d128.none.dense.sm90a";
-    let out = run(bin().args(["plan", spec]));
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let s = text(&out.stdout);
+    // d64 causal has one: the plan names both key ranges; --path mid-keys
+    // prints two consumers at block_n 128, and a spec without one fails
+    // cleanly.
+    let s = text(&run(bin().args(["plan", "fwd.bf16.d64.causal-tl.dense.sm90a", "--path", "mid-keys"])).stdout);
     assert!(
-        s.contains("block_n=176")
-            && s.contains("calls with keys up to 1024 take the short-keys plan")
-            && s.contains("calls with keys of 1025..=2048 take the mid-keys plan"),
+        s.contains("block_m=128 block_n=128") && s.contains("variant for mid-length keys (769..=1024"),
         "{s}"
     );
-    let out = run(bin().args(["plan", spec, "--path", "mid-keys"]));
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let s = text(&out.stdout);
+    // d128 without a mask (three consumers since session 41): the short-keys
+    // plan up to 1024 keys, then the main plan.
+    let s = text(&run(bin().args(["plan", "fwd.bf16.d128.none.dense.sm90a"])).stdout);
     assert!(
-        s.contains("block_m=192 block_n=80") && s.contains("variant for mid-length keys (1025..=2048"),
+        s.contains("block_m=192 block_n=80") && s.contains("calls with keys up to 1024 take the short-keys plan"),
         "{s}"
     );
+    // d256 causal on dense tensors: the short-keys plan up to 2048 keys.
+    let s = text(&run(bin().args(["plan", "fwd.bf16.d256.causal-tl.dense.sm90a"])).stdout);
+    assert!(s.contains("calls with keys up to 2048 take the short-keys plan"), "{s}");
     // d64 causal: one consumer up to 768 keys, two up to 1024.
     let s = text(&run(bin().args(["plan", "fwd.bf16.d64.causal-tl.dense.sm90a"])).stdout);
     assert!(
@@ -238,7 +241,11 @@ fn the_mid_keys_variant_by_request() {
             && s.contains("calls with keys of 769..=1024 take the mid-keys plan"),
         "{s}"
     );
-    for other in ["fwd.bf16.d128.causal-tl.dense.sm90a", "fwd.bf16.d128.none.thd.sm90a"] {
+    for other in [
+        "fwd.bf16.d128.causal-tl.dense.sm90a",
+        "fwd.bf16.d128.none.thd.sm90a",
+        "fwd.bf16.d128.none.dense.sm90a",
+    ] {
         assert_clean_failure(
             &run(bin().args(["plan", other, "--path", "mid-keys"])),
             "has no mid-keys variant",

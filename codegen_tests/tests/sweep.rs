@@ -150,12 +150,11 @@ fn every_matrix_spec_compiles_without_spills() {
     let _ = writeln!(
         md,
         "Written by `make sweep` / `make test` (codegen_tests/tests/sweep.rs): NVRTC {} into a fresh cache, \
-         {} specs and {} kernels (`.short` and `.mid`: the variants for keys up to {SHORT_KEYS_MAX} and of {}..={MID_KEYS_MAX}; up to {ONE_CONSUMER_KEYS_MAX} and {}..={SHORT_KEYS_MAX} at d <= 64 causal). Checks: compiles, no spills, no wgmma serialized by ptxas, stack <= {MAX_STACK} B, registers <= 255, shared memory within the arch limit, \
+         {} specs and {} kernels (`.short` and `.mid`: the variants for keys up to {SHORT_KEYS_MAX}, {MID_KEYS_MAX} at dense d256 causal; up to {ONE_CONSUMER_KEYS_MAX} and of {}..={SHORT_KEYS_MAX} at d <= 64 causal). Checks: compiles, no spills, no wgmma serialized by ptxas, stack <= {MAX_STACK} B, registers <= 255, shared memory within the arch limit, \
          every entry's parameters as the launcher passes them.\n",
         nvrtc.version_string(),
         specs.len(),
         rows.len(),
-        SHORT_KEYS_MAX + 1,
         ONE_CONSUMER_KEYS_MAX + 1,
     );
     let _ = writeln!(

@@ -557,9 +557,10 @@ fn the_keys_length_picks_the_short_or_mid_keys_variant_where_the_spec_has_one() 
         (256, Mask::CausalBottomRight, 512, Variant::ShortKeys),
         (256, Mask::None, 512, Variant::Main),
         (128, Mask::None, 512, Variant::ShortKeys),
-        (128, Mask::None, 1025, Variant::MidKeys),
-        (128, Mask::None, 2048, Variant::MidKeys),
-        (128, Mask::None, 2049, Variant::Main),
+        (128, Mask::None, 1024, Variant::ShortKeys),
+        (128, Mask::None, 1025, Variant::Main),
+        (256, Mask::CausalBottomRight, 2048, Variant::ShortKeys),
+        (256, Mask::CausalBottomRight, 2049, Variant::Main),
         (128, Mask::CausalBottomRight, 2048, Variant::Main),
     ] {
         let mut p = Problem::dense(ElemType::Bf16, d, 2, 16, 16, s, s, SM90);
