@@ -1463,6 +1463,8 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
         (false, 64usize, false, 512usize),
         (false, 64, true, 512),
         (false, 64, true, 2048),
+        (false, 64, false, 2048),
+        (false, 64, false, 8192),
         (false, 128, false, 512),
         (false, 128, true, 512),
         (false, 256, false, 512),

@@ -702,7 +702,7 @@ pub enum Variant {
     /// ([`short_keys_tiles_why`]): one consumer at three blocks per SM (d <=
     /// 64) or two consumers (d128) where the main plan has three under a
     /// causal mask, block_n 64 at d256 causal, block_n 128 at d128 without a
-    /// mask.
+    /// mask, TMA stores of O at dense d <= 64 without a mask.
     ShortKeys,
     /// Keys of medium length ([`Variant::keys`]): two consumers at block_n
     /// 128 for keys of 769..=1024 after the one-consumer short-keys tiles,
@@ -839,6 +839,11 @@ fn hands_short_keys_on(short: &Sm90aFwdTiles) -> bool {
 ///   whole tiles; tune90, 7 rounds: 291.7 vs 287.6 at 512, one tile per
 ///   block; 441.9 vs 418.5 at 1024 on the walk), and on dense tensors up to
 ///   2048 keys ([`short_keys_end`]);
+/// - dense d <= 64 without a mask or softcap: the main plan's tiles with
+///   TMA stores of O ([`KernelPlan::tma_store_o`]). H100, same-process A/B,
+///   7 rounds (docs/benchmarks/2026-12-07-s41-gpu.md call I): 384.4 vs 379.5
+///   at 512 on the walk (ahead in every round), 476.3 vs 480.8 at 2k and
+///   542.3 vs 542.1 at 8k one tile per block;
 /// - d 80..128 without a mask or softcap: two consumers at block_n 128
 ///   where the main plan has three at block_n 80 (tune90 on the walk, H100,
 ///   session 40: 498.3 vs 435.1 at 512; against the main plan's block_n 176
@@ -870,6 +875,20 @@ pub fn short_keys_tiles_why(spec: &AttnSpec) -> Option<(Sm90aFwdTiles, &'static 
         Some((
             short(2, 128),
             "block_m 192 covers a short causal triangle with more wasted rows; measured +15% at seqlen 512",
+        ))
+    } else if spec.mask == Mask::None
+        && dmax <= 64
+        && !spec.softcap
+        && spec.layout == Layout::Dense
+        && main.consumers >= 3
+    {
+        Some((
+            Sm90aFwdTiles {
+                tma_store_o: true,
+                ..main
+            },
+            "the main plan's tiles with O through shared memory by TMA stores: measured +1.3% at seqlen 512 on \
+             the walk, -0.9% at 2k one tile per block",
         ))
     } else if causal && dmax > 192 && main.block_n == 80 {
         Some((
@@ -1742,9 +1761,27 @@ mod tests {
             assert_eq!(Variant::for_keys(&spec, 1000), Variant::ShortKeys, "{spec}");
             assert_eq!(Variant::for_keys(&spec, 4096), Variant::Main, "{spec}");
         }
-        // No variant: d64 without a mask or with a window (three consumers
-        // all the same), d128 causal ragged and windowed, d256 without a
-        // mask, softcap, the sm80 path, the backward.
+        // Dense d64 without a mask: the main tiles with TMA stores of O (on
+        // the walk, where every call up to 1024 keys goes).
+        let d64 = fwd(64, Mask::None, Arch::Sm90a);
+        let short = plan_variant(&d64, Variant::ShortKeys)
+            .unwrap()
+            .expect("a short-keys plan");
+        let main = plan(&d64).unwrap();
+        assert!(short.tma_store_o && !main.tma_store_o);
+        assert_eq!(
+            (short.block_m, short.block_n, short.stages),
+            (main.block_m, main.block_n, main.stages)
+        );
+        assert!(sm90a_walk_pays(SHORT_KEYS_MAX, &d64, 64, 3, short.block_n));
+        assert!(short_keys_tiles(&AttnSpec {
+            layout: Layout::Thd,
+            ..d64
+        })
+        .is_none());
+        // No variant: d64 with a window (three consumers all the same), d128
+        // causal ragged and windowed, d256 without a mask, softcap, the sm80
+        // path, the backward.
         let softcap = AttnSpec {
             softcap: true,
             ..fwd(64, Mask::CausalTopLeft, Arch::Sm90a)
@@ -1754,7 +1791,6 @@ mod tests {
             ..fwd(64, Mask::CausalTopLeft, Arch::Sm90a)
         };
         for spec in [
-            fwd(64, Mask::None, Arch::Sm90a),
             fwd(64, Mask::SlidingWindow, Arch::Sm90a),
             fwd(128, Mask::SlidingWindow, Arch::Sm90a),
             fwd(256, Mask::None, Arch::Sm90a),

@@ -49,6 +49,9 @@ fn cases() -> Vec<Case> {
         // Top-left causal at short odd keys (the short-keys plan: two consumers
         // at block_n 128, the causal diagonal inside each 128-key tile), GQA.
         dense("fwd.bf16.d64.causal-tl.dense.sm90a", 2, 4, 2, 517, 517),
+        // d64 without a mask at short keys: the short-keys variant (the main
+        // tiles with TMA stores of O, 192-row blocks over 700 rows), GQA.
+        dense("fwd.bf16.d64.none.dense.sm90a", 2, 4, 2, 700, 700),
         // Even query blocks: the one-tile entry runs as clusters of two (K/V
         // multicast), also with three 64-column chunks split 2 + 1.
         dense("fwd.bf16.d256.none.dense.sm90a", 1, 2, 2, 1000, 700),
