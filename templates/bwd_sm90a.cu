@@ -261,12 +261,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // f32 at d128 they would not fit the registers): P^T waits as
         // element-type fragments, which are also the A operand of dV's product.
         float acc_s[M_TILES][4];
+        // Each k-step's descriptors: the low words once, plus a constant
+        // (common/hopper.cuh's sw128_desc_lo / sw128_desc_at).
+        const unsigned kw_lo = sw128_desc_lo(kw, 16), qk_lo = sw128_desc_lo(q_t, 16);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < DQK / 16; ++ks) {
             const unsigned off = (ks % 4) * 32;
-            wgmma_kk(acc_s, sw128_desc(kw + (ks / 4) * BLOCK_N * 128 + off, 16),
-                     sw128_desc(q_t + (ks / 4) * BLOCK_M * 128 + off, 16), ks > 0);
+            wgmma_kk(acc_s, sw128_desc_at(kw_lo, (ks / 4) * BLOCK_N * 128 + off),
+                     sw128_desc_at(qk_lo, (ks / 4) * BLOCK_M * 128 + off), ks > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -310,16 +313,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         pack_frags<BLOCK_M>(pa, acc_s);
         // dP^T = V_w dO^T and dV += P^T dO, one commit group.
         float acc_dp[M_TILES][4];
+        // V_w's descriptor stays whole per step: taken once, ptxas kept its
+        // low word in a vector register through the score code, and the
+        // d32/d64 window softcap kernels (255 registers) spilled.
+        const unsigned dok_lo = sw128_desc_lo(do_t, 16), dom_lo = sw128_desc_lo(do_t, BLOCK_M * 128);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < DV / 16; ++ks) {
             const unsigned off = (ks % 4) * 32;
             wgmma_kk(acc_dp, sw128_desc(vw + (ks / 4) * BLOCK_N * 128 + off, 16),
-                     sw128_desc(do_t + (ks / 4) * BLOCK_M * 128 + off, 16), ks > 0);
+                     sw128_desc_at(dok_lo, (ks / 4) * BLOCK_M * 128 + off), ks > 0);
         }
 #pragma unroll
         for (int kk = 0; kk < M_KSTEPS; ++kk)
-            wgmma_rs<DV>(acc_dv, pa[kk], sw128_desc(do_t + kk * 16 * 128, BLOCK_M * 128));
+            wgmma_rs<DV>(acc_dv, pa[kk], sw128_desc_at(dom_lo, kk * 16 * 128));
         wgmma_commit();
         wgmma_wait<0>();
 
@@ -348,10 +355,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         pack_frags<BLOCK_M>(dsa, acc_dp);
 
         // dK += dS^T Q (runs while dS^T is stored).
+        const unsigned qm_lo = sw128_desc_lo(q_t, BLOCK_M * 128);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < M_KSTEPS; ++kk)
-            wgmma_rs<DQK>(acc_dk, dsa[kk], sw128_desc(q_t + kk * 16 * 128, BLOCK_M * 128));
+            wgmma_rs<DQK>(acc_dk, dsa[kk], sw128_desc_at(qm_lo, kk * 16 * 128));
         wgmma_commit();
 
         // dS^T into shared memory ([64-column chunk][kv row][column], swizzled):
@@ -378,12 +386,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const int kv0 = DQ_SPLIT != 0 ? 0 : 64 * wg;     // first kv row of the k range
         const int c0 = DQ_SPLIT == 1 ? 64 * wg : 0;      // first dQ column
         const int q0 = DQ_SPLIT == 2 ? 64 * wg : 0;      // first dQ row (query row of the tile)
+        const unsigned ds_lo = sw128_desc_lo(dsb + (q0 / 64) * BLOCK_N * 128, BLOCK_N * 128);
+        const unsigned kb_lo = sw128_desc_lo(kb + (c0 / 64) * BLOCK_N * 128, BLOCK_N * 128);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < DQ_KSTEPS; ++kk) {
             const int kv = kv0 + 16 * kk;
-            wgmma_tt(acc_dq, sw128_desc(dsb + (q0 / 64) * BLOCK_N * 128 + kv * 128, BLOCK_N * 128),
-                     sw128_desc(kb + (c0 / 64) * BLOCK_N * 128 + kv * 128, BLOCK_N * 128), kk > 0);
+            wgmma_tt(acc_dq, sw128_desc_at(ds_lo, kv * 128), sw128_desc_at(kb_lo, kv * 128), kk > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
