@@ -793,18 +793,20 @@ fn key_ranges(
             Some(0..=ONE_CONSUMER_KEYS_MAX),
             Some(ONE_CONSUMER_KEYS_MAX + 1..=SHORT_KEYS_MAX),
         ),
-        short => (short.map(|t| 0..=short_keys_end(spec, &t)), None),
+        short => (short.map(|_| 0..=short_keys_end(spec)), None),
     }
 }
 
 /// The longest keys of [`Variant::ShortKeys`] where it does not hand keys on
-/// to [`Variant::MidKeys`]: [`SHORT_KEYS_MAX`], but [`MID_KEYS_MAX`] for the
-/// dense d > 192 causal tiles (block_n 64 on the walk, where the main plan has
-/// block_n 80 one tile per block at 2k: 561.7 against 535.1 TFLOP/s, ahead in
-/// all 5 rounds; H100, session 41, tune90, docs/benchmarks/2026-12-07-s41-gpu.md).
-fn short_keys_end(spec: &AttnSpec, short: &Sm90aFwdTiles) -> u32 {
+/// to [`Variant::MidKeys`]: [`SHORT_KEYS_MAX`], but [`MID_KEYS_MAX`] for dense
+/// d > 192 causal specs (their short-keys tiles, block_n 64, on the walk,
+/// where the main plan has block_n 80 one tile per block at 2k: 561.7 against
+/// 535.1 TFLOP/s, ahead in all 5 rounds; H100, session 41, tune90,
+/// docs/benchmarks/2026-12-07-s41-gpu.md).
+fn short_keys_end(spec: &AttnSpec) -> u32 {
     let causal = matches!(spec.mask, Mask::CausalTopLeft | Mask::CausalBottomRight);
-    if causal && spec.layout == Layout::Dense && short.block_n == 64 && short.consumers == 2 {
+    let dmax = round_up(spec.head_dim_qk.max(spec.head_dim_v) as u32, 16);
+    if causal && spec.layout == Layout::Dense && dmax > 192 {
         MID_KEYS_MAX
     } else {
         SHORT_KEYS_MAX
