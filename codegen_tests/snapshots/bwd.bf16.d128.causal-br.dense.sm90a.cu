@@ -284,31 +284,27 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 // Shared-memory matrix descriptor for a 128-byte-swizzled tile whose rows are
 // 128 bytes (64 elements) wide, as TMA writes it with SWIZZLE_128B: 8-row
 // groups 1024 bytes apart (stride byte offset); `lbo` is the byte distance
-// between 64-element column chunks (used by MN-major operands only).
-__device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned lbo) {
-    unsigned long long d = 0;
-    d |= (unsigned long long)((addr & 0x3FFFF) >> 4);
-    d |= (unsigned long long)((lbo >> 4) & 0x3FFF) << 16;
-    d |= (unsigned long long)(1024 >> 4) << 32;
-    d |= 1ull << 62;                                       // swizzle mode: 128 B
-    return d;
-}
-// sw128_desc in halves, for a loop of descriptors at constant offsets from one
-// base: the low word once (start address >> 4 in bits 0-13, lbo >> 4 in 16-29),
-// then each descriptor is one 32-bit add (ptxas otherwise redoes the mask,
-// shift and OR of sw128_desc per descriptor, as the mask does not distribute
-// over the add). sw128_desc_at(sw128_desc_lo(addr, lbo), off) ==
-// sw128_desc(addr + off, lbo) for every 16-byte multiple `off` with addr + off
-// in the block's shared memory: shared::cta addresses stay below 228 KB, so
-// (addr + off) >> 4 < 2^14 fits the 14-bit field and the add never carries
-// into bits 14-15 or the lbo field. The high word is constant: base offset
-// 1024 >> 4 in bits 32-45, swizzle mode 1 (128 B) in bits 62-63.
+// between 64-element column chunks (used by MN-major operands only). In two
+// halves: the low word (start address >> 4 in bits 0-13, lbo >> 4 in bits
+// 16-29) and a constant high word (base offset 1024 >> 4 in bits 32-45,
+// swizzle mode 1, 128 B, in bits 62-63).
 constexpr unsigned SW128_DESC_HI = (1024u >> 4) | (1u << 30);
 __device__ __forceinline__ unsigned sw128_desc_lo(unsigned addr, unsigned lbo) {
     return ((addr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16);
 }
+// A loop of descriptors at constant offsets from one base takes the low word
+// once and forms each descriptor with one 32-bit add (ptxas otherwise redoes
+// the mask, shift and OR per descriptor, as the mask does not distribute over
+// the add): sw128_desc_at(sw128_desc_lo(addr, lbo), off) == sw128_desc(addr +
+// off, lbo) for every 16-byte multiple `off` with addr + off in the block's
+// shared memory, since shared::cta addresses stay below 228 KB, so (addr +
+// off) >> 4 < 2^14 fits the 14-bit field and the add never carries into bits
+// 14-15 or the lbo field.
 __device__ __forceinline__ unsigned long long sw128_desc_at(unsigned lo, unsigned off) {
     return ((unsigned long long)SW128_DESC_HI << 32) | (lo + (off >> 4));
+}
+__device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned lbo) {
+    return sw128_desc_at(sw128_desc_lo(addr, lbo), 0);
 }
 
 // ---- register reallocation between warpgroups ----
