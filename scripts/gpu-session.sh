@@ -5,11 +5,11 @@
 # a subset, the same-run benchmark and the sm90a forward tile variants. Prints
 # one summary line per step; logs and reports go to $OUT (or ./gpu-results).
 #   usage: scripts/gpu-session.sh [steps...]   (default: bwd fwd py memcheck bench)
-#          steps: bwd fwd py memcheck bench inter tune tune90 trace90 trace80b trace80f phases ragged ncu80f ab
+#          steps: bwd fwd py memcheck bench inter tune tune90 trace90 trace80b trace80f phases ragged ncu80f ncu90 ab
 #          (inter: the forward against the peers in interleaved rounds, one process; INTER_ARGS)
 #          (tune: the sm80 forward's tile shapes, `gpu_bench --tune`)
 # Limits (seconds) can be set by env: LIMIT_BWD LIMIT_FWD LIMIT_PY LIMIT_MEMCHECK
-# LIMIT_BENCH LIMIT_INTER LIMIT_TUNE LIMIT_TUNE90 LIMIT_TRACE90 LIMIT_TRACE80B LIMIT_TRACE80F LIMIT_PHASES LIMIT_RAGGED LIMIT_NCU80F LIMIT_AB; ATTNFORGE_SANITIZE_CASES picks the memcheck subset.
+# LIMIT_BENCH LIMIT_INTER LIMIT_TUNE LIMIT_TUNE90 LIMIT_TRACE90 LIMIT_TRACE80B LIMIT_TRACE80F LIMIT_PHASES LIMIT_RAGGED LIMIT_NCU80F LIMIT_NCU90 LIMIT_AB; ATTNFORGE_SANITIZE_CASES picks the memcheck subset.
 # AB_DIRS: the comma-separated cubin dirs of step ab (default .gpu/ab; scripts/ab-cubins.sh REV DIR).
 # Measured on the H200 (2026-12-03): bwd 45 s, fwd 225 s, py 70 s, memcheck
 # 12 s, bench 146 s (before the wgmma backward options got their columns:
@@ -113,6 +113,9 @@ for step in "${steps[@]}"; do
     ncu80f) mkdir -p "$out/ncu80f"; run ncu80f "${LIMIT_NCU80F:-240}" env NCU_STALLS_KIND=fwd \
               NCU_STALLS_CELLS="${NCU80F_CELLS:-128 2048;128 8192}" scripts/ncu-stalls.sh "$out/ncu80f"
             grep -E '^[a-z0-9-]+: rc|Duration|Executed Instructions|L2 Hit|DRAM Throughput|Warp Cycles Per Issued' "$out/ncu80f.log" | head -n 60 ;;
+    # ncu's full set on the sm90a forward beside cuDNN's (NCU90_CELLS, default d128 8k and d128 512 causal).
+    ncu90) mkdir -p "$out/ncu90"; run ncu90 "${LIMIT_NCU90:-400}" scripts/ncu-fwd90.sh "$out/ncu90"
+           head -n 120 "$out/ncu90/ncu90-compare.txt" ;;
     # Same-process A/B of the forward against the cubins carried in .gpu/ab.
     ab) run ab "${LIMIT_AB:-60}" .gpu/gpu_bench --ab "${AB_DIRS:-.gpu/ab}" ;;
     *) echo "unknown step: $step"; status=1 ;;

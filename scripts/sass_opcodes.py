@@ -61,7 +61,7 @@ def main(argv):
     names = [n for n, _ in named]
     print(f"{'opcode':<28}" + "".join(f"{n:>16}{'share':>7}{'/HMMA':>7}" for n in names))
     totals = {n: sum(counts[n].values()) for n in names}
-    hmma = {n: max(1, sum(v for k, v in counts[n].items() if k.startswith("HMMA"))) for n in names}
+    hmma = {n: max(1, sum(v for k, v in counts[n].items() if k.startswith(("HMMA", "HGMMA")))) for n in names}
     for k, _ in keys.most_common(top):
         print(f"{k:<28}" + "".join(
             f"{counts[n][k]:>16,}{100 * counts[n][k] / max(1, totals[n]):>6.1f}%{counts[n][k] / hmma[n]:>7.2f}"
