@@ -507,7 +507,8 @@ mod tests {
         let entry = crate::plan::plan_fwd_sm90a_with(&spec, base).entry;
         assert!(default.contains(&format!("{entry}(")) && default.contains(&format!("{entry}_walk(")));
         assert!(default.contains("fwd_tiles<false>") && default.contains("fwd_tiles<true>"));
-        assert!(default.contains("Head-major in sections") && default.contains("odd ? (int)gridDim.x - 1"));
+        assert!(default.contains("Head-major in sections") && default.contains("round_base + walk_slot(rnd)"));
+        assert!(default.contains("return r & 1 ? n - 1 - i : i;") && default.contains("return (i + r) % n;"));
         assert!(default.contains("bh = t / m;"));
         let qbm = src(Sm90aFwdTiles {
             head_major: false,

@@ -32,6 +32,13 @@ constexpr int MASK_KIND = {{ mask_kind }};
 // right (block_n <= block_m - 64). Not elsewhere: in session 36's A/B (H100)
 // the check cost ~1% where it never stops a warpgroup.
 constexpr bool WG_STOPS = MASK_KIND != 0 && BLOCK_N <= BLOCK_M - 64;
+// Elsewhere with three consumer warpgroups (block_m 192, which divides no
+// power-of-two length), a warpgroup whose rows all lie outside the sequence
+// skips the tile's GEMMs as above, and the walk without a mask rotates its
+// blocks over rounds (walk_slot). Session 42's A/B (H100): +2.0..2.8% at d64 and
+// d128, 2k, +1.5% ragged d128; with two consumers (no such warpgroup in the
+// dense cells) the same code lost 1.4..2.7% at 512, so not there.
+constexpr bool SKIP_EMPTY_WG = !WG_STOPS && CONSUMERS == 3;
 constexpr bool IS_THD = {{ is_thd }};
 constexpr bool SOFTCAP = {{ softcap }};
 // The softmax's lazy reference max and O's skipped rescale (common/softmax.cuh),
@@ -55,17 +62,27 @@ constexpr bool PHASED = (MASK_KIND == 1 || MASK_KIND == 2) && !IS_THD;
 constexpr bool HEAD_MAJOR = {{ head_major }};
 
 // The work-tile loop of both entries (WALK, a template parameter of the
-// kernel body): the walk takes rounds of gridDim.x tiles (in round r block i
-// takes tile r * gridDim.x + i, or + gridDim.x - 1 - i in odd rounds, a snake
-// that evens out the work of blocks over a list of tiles whose lengths fall
-// along each round, as causal tiles do longest first); one tile per block
-// (grid (batch x heads, query blocks)) runs it once, a condition that folds
-// to no loop at all, on the block's linear index in the grid (ragged: on
-// `thd_tile`, which fwd_tiles computes before the role split). `continue`
-// skips a tile in both.
-#define TILE_LOOP_BEGIN for (int round_base = 0, odd = 0; WALK ? round_base < total_tiles : round_base == 0; \
-                             round_base += WALK ? (int)gridDim.x : 1, odd ^= 1) { \
-    const int tile = WALK ? round_base + (odd ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x) \
+// kernel body): the walk takes rounds of gridDim.x tiles, round r the tiles
+// r * gridDim.x + j, and block i takes j = walk_slot(r) of them: under a mask
+// j = i, or gridDim.x - 1 - i in odd rounds, a snake that evens out the work
+// of blocks over a list of tiles whose lengths fall along each round, as
+// causal tiles do longest first; without one j = (i + r) % gridDim.x, a
+// rotation, so that the shorter tiles (each head's last query block, where
+// block_m does not divide the sequence and a warpgroup's rows lie past its
+// end, see `mine`), one in every num_m_blocks tiles of a round, go to every
+// block in turn instead of to the same blocks every other round. One tile
+// per block (grid (batch x heads, query blocks)) runs it once, a condition
+// that folds to no loop at all, on the block's linear index in the grid
+// (ragged: on `thd_tile`, which fwd_tiles computes before the role split).
+// `continue` skips a tile in both.
+__device__ __forceinline__ int walk_slot(int r) {
+    const int i = (int)blockIdx.x, n = (int)gridDim.x;
+    if constexpr (SKIP_EMPTY_WG && MASK_KIND == 0) return (i + r) % n;
+    return r & 1 ? n - 1 - i : i;
+}
+#define TILE_LOOP_BEGIN for (int round_base = 0, rnd = 0; WALK ? round_base < total_tiles : round_base == 0; \
+                             round_base += WALK ? (int)gridDim.x : 1, ++rnd) { \
+    const int tile = WALK ? round_base + walk_slot(rnd) \
                           : IS_THD ? thd_tile : (int)(blockIdx.x + blockIdx.y * gridDim.x); \
     if (WALK && tile >= total_tiles) continue;
 #define TILE_LOOP_END }
@@ -464,8 +481,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         if (w.n_tiles < 0) continue;
         auto find_next = [&]() {
             if constexpr (WALK) {
-                const int nb = round_base + (int)gridDim.x;
-                const int nt = nb + (odd ? (int)blockIdx.x : (int)gridDim.x - 1 - (int)blockIdx.x);
+                const int nt = round_base + (int)gridDim.x + walk_slot(rnd + 1);
                 if (nt < total_tiles) {
                     next_w = tile_at<WALK>(p, nt);
                     have_next = true;
@@ -592,12 +608,18 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         // later warpgroup sees more keys); none where its rows lie outside the
         // sequence. From key tile `mine` on the warpgroup only takes its
         // turns and releases the K/V slots (the tiles would add exact zeros).
-        // Elsewhere mine = n_tiles, and the branches on it fold away.
+        // With one consumer warpgroup mine = n_tiles, and the branches on it fold away.
         int mine = n_tiles;
         if constexpr (WG_STOPS) {
             const int r_lo = max(w.m0 + cw * 64, 0), r_hi = min(w.m0 + cw * 64 + 63, w.sq - 1);
             mine = r_lo > r_hi ? 0 : key_tiles_through(win, w.sk, w.n_begin, r_hi);
             mine = max(min(mine, n_tiles), 0);
+        } else if constexpr (SKIP_EMPTY_WG) {
+            // Otherwise only a warpgroup whose rows all lie outside the
+            // sequence skips (SKIP_EMPTY_WG): in a sequence's last query block
+            // where block_m does not divide its length (at 2048 rows and block_m
+            // 192 the last block's third warpgroup), or before its start (TAIL_FIRST).
+            if (max(w.m0 + cw * 64, 0) > min(w.m0 + cw * 64 + 63, w.sq - 1)) mine = 0;
         }
         if (n_tiles > 0) mbar_wait(bar_q, q_loads & 1);
         TRACE(EV_Q_READY);
