@@ -150,15 +150,14 @@ enum PathArg {
     /// The sm80 instruction path (`fwd_sm80.cu` / `bwd_sm80.cu`).
     Sm80,
     /// The planner's variant for short keys (at most 1024; 768 at d <= 64
-    /// causal), which a call takes by its keys' length where the spec has
-    /// one (sm90a forwards whose tiles measured faster at short keys differ
-    /// from the main plan's).
+    /// causal, 2048 at dense d > 192 causal), which a call takes by its keys'
+    /// length where the spec has one (sm90a forwards whose tiles measured
+    /// faster at short keys differ from the main plan's).
     ShortKeys,
-    /// The planner's variant for keys of 1025 to 2048 (769 to 1024 at d <= 64
-    /// causal), which a call takes by its keys' length where the spec has
-    /// one (dense sm90a forwards at d 80..128 without a mask, measured faster
-    /// at 2k on other tiles; d <= 64 causal, between the short-keys and the
-    /// main plan's tiles).
+    /// The planner's variant for keys of 769 to 1024 at d <= 64 causal
+    /// (sm90a forwards: two consumer warpgroups, between the short-keys
+    /// variant's one consumer and the main plan's three), which a call takes
+    /// by its keys' length.
     MidKeys,
 }
 
@@ -172,10 +171,7 @@ impl PathArg {
                 Variant::ShortKeys,
                 "sm90a forwards whose tiles measured faster at short keys differ from the main plan's",
             )),
-            PathArg::MidKeys => Some((
-                Variant::MidKeys,
-                "dense sm90a forwards at d 80..128 without a mask or softcap, and d <= 64 causal",
-            )),
+            PathArg::MidKeys => Some((Variant::MidKeys, "sm90a forwards at d <= 64 under a causal mask")),
             PathArg::Planner | PathArg::Sm80 => None,
         }
     }
