@@ -1198,7 +1198,8 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         // later warpgroup sees more keys); none where its rows lie outside the
         // sequence. From key tile `mine` on the warpgroup only takes its
         // turns and releases the K/V slots (the tiles would add exact zeros).
-        // With one consumer warpgroup mine = n_tiles, and the branches on it fold away.
+        // Elsewhere (neither WG_STOPS nor SKIP_EMPTY_WG) mine = n_tiles, and the
+        // branches on it fold away.
         int mine = n_tiles;
         if constexpr (WG_STOPS) {
             const int r_lo = max(w.m0 + cw * 64, 0), r_hi = min(w.m0 + cw * 64 + 63, w.sq - 1);
