@@ -6,7 +6,7 @@ writes for one kernel (a report taken with `--section SourceCounters`): one row
 per SASS instruction with its address, text and executed-instruction count
 (warp level). Output: one line per opcode (the mnemonic without modifiers, or
 with them under --full), executed count, share of the total and count per
-executed HMMA, largest first; several CSVs side by side as columns.
+executed HMMA or HGMMA (a wgmma kernel's column counts per HGMMA, whatever its shape), largest first; several CSVs side by side as columns.
 
     usage: sass_opcodes.py [--full] [--top N] NAME=FILE.csv [NAME=FILE.csv ...]
 """
