@@ -1617,7 +1617,8 @@ fn ab(dirs: &[&str], rng: &mut rand::rngs::StdRng) {
     }
 }
 
-/// `--one SPEC [--path sm80] [--seqlen S]`: one kernel (the planner's, or the
+/// `--one SPEC [--path sm80] [--seqlen S]`: one kernel (the planner's for a
+/// call of this length, its short- or mid-keys variant included, or the
 /// sm80 instruction path's) on the standard problem (batch × seqlen = 16k
 /// tokens, hidden 2048, BHSD; dense specs, no window), launched 3 times untimed and
 /// then timed: a fixed launch sequence for profilers (`scripts/ncu-stalls.sh`:
@@ -1634,7 +1635,13 @@ fn one(spec: &AttnSpec, sm80: bool, s: usize, rng: &mut rand::rngs::StdRng) {
         let plan = attnforge::plan::plan_sm80_path(spec).expect("sm80-path plan");
         attnforge::jit::build_plan(plan).expect("build")
     } else {
-        (*attnforge::get_or_build(spec).expect("build")).clone()
+        // The kernel a call of this length takes: the short- or mid-keys
+        // variant where the spec has one (as the dispatcher picks it).
+        let variant = attnforge::plan::Variant::for_keys(spec, s as u32);
+        (*attnforge::Jit::global()
+            .get_or_build_variant(spec, variant)
+            .expect("build"))
+        .clone()
     };
     let lk = launch::load(&kernel).expect("load");
     let causal = !matches!(spec.mask, Mask::None);
@@ -1663,10 +1670,13 @@ fn one(spec: &AttnSpec, sm80: bool, s: usize, rng: &mut rand::rngs::StdRng) {
         (time_ms(run, 5.0, 25.0), fwd_flops)
     };
     println!(
-        "one {spec}{} b={b} h={h} s={s}: {:.1} TFLOP/s ({})",
+        "one {spec}{} b={b} h={h} s={s}: {:.1} TFLOP/s ({}, block_m {} block_n {} stages {})",
         if sm80 { " (sm80 path)" } else { "" },
         flops / ms / 1e9,
-        kernel.plan.template.file()
+        kernel.plan.template.file(),
+        kernel.plan.block_m,
+        kernel.plan.block_n,
+        kernel.plan.stages
     );
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The sm90a forward beside cuDNN's (torch SDPA's cudnn backend) under Nsight
 # Compute's full set, one launch of each, same problem: bf16 BHSD, batch ×
-# seqlen = 16k tokens, heads × d = 2048 (`gpu_bench --one`, whose 4th launch is
+# seqlen = 16k tokens, heads × d = 2048 (`gpu_bench --one`: the kernel a call of that length takes,
+# its short-keys variant included; its 4th launch is
 # profiled; torch's 3rd call). Clocks left alone (METHOD.md).
 #   NCU90_CELLS="128 8192 none;128 512 causal-tl" (default): head dim, seqlen, mask
 #   usage: scripts/ncu-fwd90.sh OUT_DIR     (needs .gpu/gpu_bench from `make gpu-bundle`)

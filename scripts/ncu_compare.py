@@ -30,8 +30,9 @@ SHORT = [
     r"^smsp__warps_active\.avg\.per_cycle_active$",
     r"^lts__t_sector_hit_rate\.pct$",
     r"^dram__throughput\.avg\.pct_of_peak_sustained_elapsed$",
+    r"^dram__bytes_(read|write)\.sum$",
 ]
-ALL = [r"pipe", r"stall", r"shared", r"bank", r"gmma", r"tensor", r"inst_executed", r"cycles", r"duration", r"launch__"]
+ALL = [r"pipe", r"stall", r"shared", r"bank", r"gmma", r"tensor", r"inst_executed", r"cycles", r"duration", r"launch__", r"dram__bytes", r"lts__t_sector_hit"]
 
 
 def load(path):
