@@ -143,6 +143,13 @@ pub struct KernelPlan {
     /// staging fits beside the ring without shrinking it. Absent elsewhere.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tma_store_o: bool,
+    /// sm90a forward only, with the persistent walk: two Q buffers, so that
+    /// the producer loads the next work tile's Q as soon as it has issued
+    /// this tile's K and V, instead of after the consumers' last S of this
+    /// tile. Planned only where the second buffer (and its two barriers) fits
+    /// beside the ring without shrinking it. Absent elsewhere.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub q_double: bool,
     /// sm80-path forward: its K tiles, and where [`fwd_swizzled_tiles`] says
     /// so its Q and V tiles, stored swizzled in shared memory instead of
     /// padded (rows of whole 128-byte lines, each 16-byte chunk at
@@ -548,6 +555,7 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
         rowsum_mma: false,
         tail_first: false,
         tma_store_o: false,
+        q_double: false,
         smem_swizzle,
         head_major,
         cluster_m: 1,
@@ -1145,6 +1153,9 @@ pub struct Sm90aFwdTiles {
     /// [`KernelPlan::tma_store_o`]); ignored on ragged layouts and where the
     /// staging does not fit.
     pub tma_store_o: bool,
+    /// Two Q buffers for the walk (see [`KernelPlan::q_double`]); ignored
+    /// without the persistent entry and where the second buffer does not fit.
+    pub q_double: bool,
 }
 
 /// The shared memory of the sm90a forward's O staging
@@ -1153,6 +1164,13 @@ pub struct Sm90aFwdTiles {
 /// `O_STAGE_BYTES`).
 pub const fn sm90a_o_stage_bytes(consumers: u32, dv: u32) -> u32 {
     consumers * 64 * 128 * dv.div_ceil(64)
+}
+
+/// The shared memory of the sm90a forward's second Q buffer
+/// ([`KernelPlan::q_double`]): block_m rows of the 64-column chunks of Q,
+/// and its full and empty barriers (8 bytes each).
+pub const fn sm90a_q_double_bytes(block_m: u32, qk_chunks: u32) -> u32 {
+    128 * block_m * qk_chunks + 16
 }
 
 /// The widest key tile at which the sm90a forward takes its row sums from
@@ -1266,6 +1284,8 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
         // the GPU; timed in session 29 at -2.0..+1.0% at 512 and -6.5..+1.4%
         // at 2k (docs/benchmarks/2026-12-06-s29-gpu.md): off.
         tma_store_o: false,
+        // Session 43: the walk's next Q loaded under this tile's K/V.
+        q_double: true,
     }
 }
 
@@ -1305,6 +1325,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         rowsum_mma,
         tail_first,
         tma_store_o: _,
+        q_double: _,
     } = tiles;
     // Pairs must see the same key tiles (no mask, dense) and split each K/V
     // tile by 64-column chunks (two or more of each).
@@ -1349,6 +1370,12 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
     let tma_store_o = tiles.tma_store_o && spec.layout == Layout::Dense && smem_bytes + o_stage <= limit;
     if tma_store_o {
         smem_bytes += o_stage;
+    }
+    // The second Q buffer and its full/empty barriers, for the walk only.
+    let q_extra = sm90a_q_double_bytes(block_m, qk_chunks);
+    let q_double = tiles.q_double && persistent && smem_bytes + q_extra <= limit;
+    if q_double {
+        smem_bytes += q_extra;
     }
     reasons.push(format!(
         "sm90a: wgmma + TMA, 1 producer warpgroup ({SM90A_PRODUCER_REGS} regs) + {consumers} consumer warpgroup{} \
@@ -1432,6 +1459,18 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
             "O by 16-byte stores from registers: a TMA box would cross into the next sequence's rows".to_string()
         });
     }
+    if q_double {
+        reasons.push(format!(
+            "two Q buffers ({q_extra} B more shared memory): the walk's producer loads the next tile's Q as soon as \
+             it has issued this tile's K and V, not after this tile's last S"
+        ));
+    } else if tiles.q_double {
+        reasons.push(if persistent {
+            format!("one Q buffer: a second ({q_extra} B) does not fit beside the ring")
+        } else {
+            "one Q buffer: a second serves only the persistent walk".to_string()
+        });
+    }
     reasons.push(if persistent {
         format!(
             "two entries: one block per work tile, and a persistent walk that the launcher takes for keys up to \
@@ -1504,6 +1543,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         rowsum_mma,
         tail_first,
         tma_store_o,
+        q_double,
         smem_swizzle: false,
         head_major,
         cluster_m,
@@ -1632,6 +1672,61 @@ mod tests {
     }
 
     #[test]
+    fn a_second_q_buffer_only_for_the_walk_and_where_it_fits_beside_the_ring() {
+        use crate::spec::DType;
+        for (d, mask, layout, fits) in [
+            (64, Mask::CausalTopLeft, Layout::Dense, true),
+            (64, Mask::None, Layout::Thd, true),
+            (128, Mask::None, Layout::Dense, true),
+            (128, Mask::CausalBottomRight, Layout::Thd, true),
+            (256, Mask::CausalTopLeft, Layout::Dense, false),
+            (256, Mask::None, Layout::Dense, false),
+        ] {
+            let spec = AttnSpec::fwd(DType::Bf16, d, mask, layout, Arch::Sm90a);
+            let off_tiles = Sm90aFwdTiles {
+                q_double: false,
+                ..default_sm90a_tiles(&spec)
+            };
+            let off = plan_fwd_sm90a_with(&spec, off_tiles);
+            let on = plan_fwd_sm90a_with(
+                &spec,
+                Sm90aFwdTiles {
+                    q_double: true,
+                    ..off_tiles
+                },
+            );
+            assert!(!off.q_double, "{spec}");
+            assert_eq!(on.q_double, fits, "{spec}");
+            // Never at the cost of the ring.
+            assert_eq!((on.block_n, on.stages), (off.block_n, off.stages), "{spec}");
+            let extra = if fits {
+                sm90a_q_double_bytes(on.block_m, on.head_dim_qk_padded.div_ceil(64))
+            } else {
+                0
+            };
+            assert_eq!(on.smem_bytes, off.smem_bytes + extra, "{spec}");
+            assert!(on.smem_bytes <= spec.arch.max_smem_per_block(), "{spec}");
+            let src = crate::render::render(&on).unwrap().source;
+            let bufs = if fits { 2 } else { 1 };
+            assert!(src.contains(&format!("constexpr int Q_BUFS = {bufs};")), "{spec}");
+            // Without the walk entry, one buffer.
+            let one_tile = plan_fwd_sm90a_with(
+                &spec,
+                Sm90aFwdTiles {
+                    q_double: true,
+                    persistent: false,
+                    ..off_tiles
+                },
+            );
+            assert!(!one_tile.q_double, "{spec}");
+            assert!(
+                one_tile.reasons.iter().any(|r| r.contains("only the persistent walk")),
+                "{spec}"
+            );
+        }
+    }
+
+    #[test]
     fn tma_store_o_only_dense_and_where_its_staging_fits_beside_the_ring() {
         use crate::spec::DType;
         for (d, mask, layout, fits) in [
@@ -1645,7 +1740,11 @@ mod tests {
             (256, Mask::CausalTopLeft, Layout::Dense, false),
         ] {
             let spec = AttnSpec::fwd(DType::Bf16, d, mask, layout, Arch::Sm90a);
-            let base = default_sm90a_tiles(&spec);
+            // Without the second Q buffer, which takes the room first.
+            let base = Sm90aFwdTiles {
+                q_double: false,
+                ..default_sm90a_tiles(&spec)
+            };
             assert!(!base.tma_store_o, "{spec}: off by default");
             let off = plan_fwd_sm90a_with(&spec, base);
             let on = plan_fwd_sm90a_with(
