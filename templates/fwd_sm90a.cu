@@ -374,6 +374,8 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             if constexpr (O_TMA) tma_prefetch_map(&to);
             unsigned ring_par = 0, ring_used = 0;        // per slot: fill parity; filled before
             int q_loads = 0;
+            // Q is read once, a head's K and V by each of its query blocks.
+            const unsigned long long pol_q = l2_policy_evict_first(), pol_kv = l2_policy_evict_last();
             TILE_LOOP_BEGIN
                 const Tile w = tile_at<WALK>(p, tile);
                 if (w.n_tiles <= 0) continue;
@@ -388,7 +390,8 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
                 mbar_arrive_expect_tx(q_full(qb), Q_BYTES);
 #pragma unroll
                 for (int c = 0; c < QK_CHUNKS; ++c)
-                    tma_load_4d(sQ + qb * Q_BYTES + c * BLOCK_M * 128, &tq, q_full(qb), c * 64, w.q_off + w.m0, w.h, bq);
+                    tma_load_4d_hint(sQ + qb * Q_BYTES + c * BLOCK_M * 128, &tq, q_full(qb), c * 64, w.q_off + w.m0, w.h,
+                                     bq, pol_q);
                 ++q_loads;
                 // K runs one tile ahead of V: the consumers need K(it+1) before
                 // V(it) (S of the next tile is issued before P V of this one) and
@@ -405,7 +408,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
                 // other chunk for both blocks.
                 auto load_chunk = [&](unsigned dst, const TmaMap* map, unsigned bar, int c, int row) {
                     if (!pair)
-                        tma_load_4d(dst, map, bar, c * 64, row, w.hk, bq);
+                        tma_load_4d_hint(dst, map, bar, c * 64, row, w.hk, bq, pol_kv);
                     else if ((unsigned)(c & 1) == rank)
                         tma_load_4d_multicast(dst, map, bar, c * 64, row, w.hk, bq, (unsigned short)0x3);
                 };

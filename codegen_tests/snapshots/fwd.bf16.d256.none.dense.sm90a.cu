@@ -281,6 +281,30 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaMap* map, uns
         : "memory");
 }
 
+// tma_load_4d with an L2 eviction priority for the lines it reads (`policy`
+// from l2_policy_evict_first / l2_policy_evict_last).
+__device__ __forceinline__ void tma_load_4d_hint(unsigned dst, const TmaMap* map, unsigned bar,
+                                                 int c0, int c1, int c2, int c3, unsigned long long policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n"
+        :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar),
+           "l"(policy)
+        : "memory");
+}
+// L2 cache policies: lines read once go first, lines that other blocks will
+// read again (a head's K and V) stay longest.
+__device__ __forceinline__ unsigned long long l2_policy_evict_first() {
+    unsigned long long p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+    return p;
+}
+__device__ __forceinline__ unsigned long long l2_policy_evict_last() {
+    unsigned long long p;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
+    return p;
+}
+
 // ---- clusters: the block's rank, the cluster's size, a cluster-wide barrier ----
 __device__ __forceinline__ unsigned cluster_ctarank() {
     unsigned r;
@@ -967,6 +991,8 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             if constexpr (O_TMA) tma_prefetch_map(&to);
             unsigned ring_par = 0, ring_used = 0;        // per slot: fill parity; filled before
             int q_loads = 0;
+            // Q is read once, a head's K and V by each of its query blocks.
+            const unsigned long long pol_q = l2_policy_evict_first(), pol_kv = l2_policy_evict_last();
             TILE_LOOP_BEGIN
                 const Tile w = tile_at<WALK>(p, tile);
                 if (w.n_tiles <= 0) continue;
@@ -981,7 +1007,8 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
                 mbar_arrive_expect_tx(q_full(qb), Q_BYTES);
 #pragma unroll
                 for (int c = 0; c < QK_CHUNKS; ++c)
-                    tma_load_4d(sQ + qb * Q_BYTES + c * BLOCK_M * 128, &tq, q_full(qb), c * 64, w.q_off + w.m0, w.h, bq);
+                    tma_load_4d_hint(sQ + qb * Q_BYTES + c * BLOCK_M * 128, &tq, q_full(qb), c * 64, w.q_off + w.m0, w.h,
+                                     bq, pol_q);
                 ++q_loads;
                 // K runs one tile ahead of V: the consumers need K(it+1) before
                 // V(it) (S of the next tile is issued before P V of this one) and
@@ -998,7 +1025,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
                 // other chunk for both blocks.
                 auto load_chunk = [&](unsigned dst, const TmaMap* map, unsigned bar, int c, int row) {
                     if (!pair)
-                        tma_load_4d(dst, map, bar, c * 64, row, w.hk, bq);
+                        tma_load_4d_hint(dst, map, bar, c * 64, row, w.hk, bq, pol_kv);
                     else if ((unsigned)(c & 1) == rank)
                         tma_load_4d_multicast(dst, map, bar, c * 64, row, w.hk, bq, (unsigned short)0x3);
                 };

@@ -49,6 +49,30 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaMap* map, uns
         : "memory");
 }
 
+// tma_load_4d with an L2 eviction priority for the lines it reads (`policy`
+// from l2_policy_evict_first / l2_policy_evict_last).
+__device__ __forceinline__ void tma_load_4d_hint(unsigned dst, const TmaMap* map, unsigned bar,
+                                                 int c0, int c1, int c2, int c3, unsigned long long policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {% raw %}{%2, %3, %4, %5}{% endraw %}], [%6], %7;\n"
+        :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar),
+           "l"(policy)
+        : "memory");
+}
+// L2 cache policies: lines read once go first, lines that other blocks will
+// read again (a head's K and V) stay longest.
+__device__ __forceinline__ unsigned long long l2_policy_evict_first() {
+    unsigned long long p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+    return p;
+}
+__device__ __forceinline__ unsigned long long l2_policy_evict_last() {
+    unsigned long long p;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
+    return p;
+}
+
 // ---- clusters: the block's rank, the cluster's size, a cluster-wide barrier ----
 __device__ __forceinline__ unsigned cluster_ctarank() {
     unsigned r;
