@@ -831,7 +831,10 @@ fn hands_short_keys_on(short: &Sm90aFwdTiles) -> bool {
 /// The tiles of [`Variant::ShortKeys`] for `spec`, if it has that variant,
 /// with why (for the plan's reasons). sm90a forwards only:
 /// - under a causal mask where the main plan has three consumer warpgroups:
-///   two at block_n 128. H200 (session 14) and H100 (sessions 23 and 24,
+///   two at block_n 128 (at d 80..128 with two Q buffers,
+///   [`KernelPlan::q_double`]: H100, same-process A/B against v24, 305.8
+///   vs 301.5 TFLOP/s at d128 512 in session 43 and 305.6 vs 299.5 in
+///   session 44, every round ahead; the L2 hints alone 299.4). H200 (session 14) and H100 (sessions 23 and 24,
 ///   tune90, docs/benchmarks/2026-12-05-s24-gpu.md): at seqlen 512, 192-row
 ///   query tiles cover the causal triangle with 59% useful scores (128-row
 ///   tiles: 80%) and leave a consumer idle in the last tile; two consumers at
@@ -883,8 +886,12 @@ pub fn short_keys_tiles_why(spec: &AttnSpec) -> Option<(Sm90aFwdTiles, &'static 
         ))
     } else if causal && main.consumers >= 3 {
         Some((
-            short(2, 128),
-            "block_m 192 covers a short causal triangle with more wasted rows; measured +15% at seqlen 512",
+            Sm90aFwdTiles {
+                q_double: true,
+                ..short(2, 128)
+            },
+            "block_m 192 covers a short causal triangle with more wasted rows; measured +15% at seqlen 512; with \
+             a second Q buffer (and the L2 hints) +1.4% and +2.0% at d128 512 in two sessions",
         ))
     } else if spec.mask == Mask::None
         && dmax <= 64
@@ -1284,8 +1291,10 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
         // the GPU; timed in session 29 at -2.0..+1.0% at 512 and -6.5..+1.4%
         // at 2k (docs/benchmarks/2026-12-06-s29-gpu.md): off.
         tma_store_o: false,
-        // Session 43: the walk's next Q loaded under this tile's K/V.
-        q_double: true,
+        // The walk's next Q loaded under this tile's K/V: only the short-keys
+        // tiles of d 80..128 causal specs take it (short_keys_tiles_why);
+        // elsewhere measured -1.0..+0.9% (H100, sessions 43 and 44).
+        q_double: false,
     }
 }
 
@@ -1829,6 +1838,9 @@ mod tests {
                 let want = if d == 64 { (64, 64, 3) } else { (128, 128, 1) };
                 assert_eq!((short.block_m, short.block_n, short.min_blocks_per_sm), want, "{spec}");
                 assert!(!short.pingpong || d != 64, "{spec}: one consumer takes no turns");
+                // d128: two Q buffers on the walk (sessions 43-44); d64 and the main plans: one.
+                assert_eq!(short.q_double, d == 128, "{spec}");
+                assert!(!main.q_double, "{spec}");
                 if d == 64 {
                     // The tiles gpu_fwd's multi-block job runs on every d64 case.
                     let tiles = Sm90aFwdTiles {
@@ -1859,6 +1871,7 @@ mod tests {
             let main = plan(&spec).unwrap();
             assert_eq!((short.block_m, short.block_n), (128, bn), "{spec}");
             assert_ne!(main.block_n, bn, "{spec}");
+            assert!(!short.q_double && !main.q_double, "{spec}");
             assert_eq!(Variant::for_keys(&spec, 1000), Variant::ShortKeys, "{spec}");
             assert_eq!(Variant::for_keys(&spec, 4096), Variant::Main, "{spec}");
         }

@@ -54,7 +54,7 @@ constexpr bool O_TMA = false;
 // Q buffers (plan's q_double): with two, the walk's producer loads the next
 // tile's Q into the other buffer as soon as it has issued this tile's K/V,
 // instead of after the consumers' last S of this tile.
-constexpr int Q_BUFS = 2;
+constexpr int Q_BUFS = 1;
 // Clusters of two on the one-tile entry (plan's cluster_m; see `pair` below).
 constexpr int CLUSTER_M = 1;
 // The one-tile entry's blocks in phases by tile length (common/order.cuh).
