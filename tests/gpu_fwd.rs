@@ -46,6 +46,14 @@ fn cases() -> Vec<Case> {
         dense("fwd.f16.d64.causal-br.dense.softcap.sm80", 1, 4, 4, 127, 127).softcap(5.0),
         dense("fwd.bf16.d128.none.dense.sm90a", 2, 8, 1, 1000, 1000),
         dense("fwd.bf16.d128.causal-br.dense.sm90a", 1, 4, 4, 4097, 4097),
+        // d128 causal at short keys (the short-keys plan: two consumers at
+        // block_n 128, two Q buffers, the diagonal's P V over its left half
+        // for the first warpgroup): odd lengths, GQA, and bottom-right with
+        // fewer and with more queries than keys (last key tiles that the
+        // first warpgroup's rows see in part, or not at all).
+        dense("fwd.bf16.d128.causal-tl.dense.sm90a", 2, 4, 2, 517, 517),
+        dense("fwd.f16.d128.causal-br.dense.sm90a", 1, 4, 4, 300, 700).mem(Mem::Bhsd),
+        dense("fwd.bf16.d128.causal-br.dense.sm90a", 1, 4, 4, 1000, 517),
         // Top-left causal at short odd keys (the short-keys plan: two consumers
         // at block_n 128, the causal diagonal inside each 128-key tile), GQA.
         dense("fwd.bf16.d64.causal-tl.dense.sm90a", 2, 4, 2, 517, 517),
