@@ -871,7 +871,8 @@ fn trace_stamps(slots: &[u64]) -> Vec<(u32, u32, u64)> {
 }
 
 /// Where the sm90a forward's time goes (`--trace90`): a tracing build of the
-/// planner's plan (the template's ATTNFORGE_TRACE stamps: SM clock per event
+/// plan a call of each length takes (its short- or mid-keys variant
+/// included; before session 44 the main plan at every length) (the template's ATTNFORGE_TRACE stamps: SM clock per event
 /// of the producer and of each consumer warpgroup in the first blocks, and
 /// every block's SM, start and end), launched once after a warm-up on each
 /// entry, summed per tile into waits and work.
@@ -921,12 +922,14 @@ fn trace90(rng: &mut rand::rngs::StdRng) {
     {
         let mask = if causal { Mask::CausalTopLeft } else { Mask::None };
         let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Dense, Arch::Sm90a);
-        built.push((
-            d,
-            causal,
-            s,
-            tracing_build(plan_fwd_sm90a_with(&spec, default_sm90a_tiles(&spec))),
-        ));
+        // The tiles a call of this length takes (the short- or mid-keys
+        // variant where the spec has one), as the dispatcher picks them.
+        let variant = attnforge::plan::Variant::for_keys(&spec, s as u32);
+        let plan = attnforge::plan::plan_variant(&spec, variant)
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| plan_fwd_sm90a_with(&spec, default_sm90a_tiles(&spec)));
+        built.push((d, causal, s, tracing_build(plan)));
     }
     if !launch::driver_available() {
         println!("trace90: no CUDA driver, built only");
@@ -952,9 +955,11 @@ fn trace90(rng: &mut rand::rngs::StdRng) {
             });
             let flops = 4.0 * (b * h * s * s * d) as f64 * if *causal { 0.5 } else { 1.0 };
             println!(
-                "trace90 d={d:<3} s={s:<5} causal={causal:<5} {entry:<8}: {:.1} TFLOP/s timed, {}",
+                "trace90 d={d:<3} s={s:<5} causal={causal:<5} {entry:<8}: {:.1} TFLOP/s timed, {} (block_m {} block_n {})",
                 flops / ms / 1e9,
-                grid_summary(&gr)
+                grid_summary(&gr),
+                k.plan.block_m,
+                k.plan.block_n
             );
             // Per block and consumer warpgroup: cycles per category, summed
             // over the block's tiles (an event's time counts toward the
