@@ -831,10 +831,11 @@ fn hands_short_keys_on(short: &Sm90aFwdTiles) -> bool {
 /// The tiles of [`Variant::ShortKeys`] for `spec`, if it has that variant,
 /// with why (for the plan's reasons). sm90a forwards only:
 /// - under a causal mask where the main plan has three consumer warpgroups:
-///   two at block_n 128 (at d 80..128 with two Q buffers,
-///   [`KernelPlan::q_double`]: H100, same-process A/B against v24, 305.8
-///   vs 301.5 TFLOP/s at d128 512 in session 43 and 305.6 vs 299.5 in
-///   session 44, every round ahead; the L2 hints alone 299.4). H200 (session 14) and H100 (sessions 23 and 24,
+///   two at block_n 128; at d 80..128 with two Q buffers
+///   ([`KernelPlan::q_double`]; H100, same-process A/B against v24 at d128
+///   512, every round ahead: 305.8 vs 301.5 TFLOP/s in session 43, 305.6 vs
+///   299.5 and 311.5 vs 303.6 in session 44; the L2 hints alone 299.4).
+///   H200 (session 14) and H100 (sessions 23 and 24,
 ///   tune90, docs/benchmarks/2026-12-05-s24-gpu.md): at seqlen 512, 192-row
 ///   query tiles cover the causal triangle with 59% useful scores (128-row
 ///   tiles: 80%) and leave a consumer idle in the last tile; two consumers at
@@ -891,7 +892,7 @@ pub fn short_keys_tiles_why(spec: &AttnSpec) -> Option<(Sm90aFwdTiles, &'static 
                 ..short(2, 128)
             },
             "block_m 192 covers a short causal triangle with more wasted rows; measured +15% at seqlen 512; with \
-             a second Q buffer (and the L2 hints) +1.4% and +2.0% at d128 512 in two sessions",
+             a second Q buffer (and the L2 hints) +1.4%, +2.0% and +2.6% at d128 512 in three calls",
         ))
     } else if spec.mask == Mask::None
         && dmax <= 64
