@@ -12,7 +12,10 @@
 //!
 //! --tune90 reads ATTNFORGE_TUNE90_D (head dims of 64, 128, 256), ATTNFORGE_TUNE90_S (lengths of
 //! 512, 2048, 8192, 16384, and 768, 1024 or 4096 when named), ATTNFORGE_TUNE90_ROUNDS (3) and
-//! ATTNFORGE_TUNE90_LEAN=1 (the planner's tiles and the alternatives only, no option flips).
+//! ATTNFORGE_TUNE90_LEAN=1 (the planner's tiles and the alternatives only, no option flips),
+//! ATTNFORGE_TUNE90_ALT (the alternatives instead of the built-in list, as comma-separated
+//! CONSUMERS:BLOCK_N:STAGES:BLOCKS_PER_SM) and ATTNFORGE_TUNE90_QREGS=1 (every variant also with
+//! Q in registers, where its plan takes it).
 
 use std::time::Instant;
 
@@ -428,6 +431,29 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
             })
             .collect()
     };
+    // ATTNFORGE_TUNE90_ALT: the alternatives of every head dim of the run.
+    let alt_env: Option<Vec<Shape>> = std::env::var("ATTNFORGE_TUNE90_ALT")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .map(|v| {
+            v.split(',')
+                .map(|x| {
+                    let n: Vec<u32> = x
+                        .split(':')
+                        .map(|f| {
+                            f.trim()
+                                .parse()
+                                .unwrap_or_else(|_| panic!("ATTNFORGE_TUNE90_ALT: `{x}`"))
+                        })
+                        .collect();
+                    match n[..] {
+                        [c, bn, st, bps] => (c, bn, st, bps),
+                        _ => panic!("ATTNFORGE_TUNE90_ALT: `{x}` is not CONSUMERS:BLOCK_N:STAGES:BLOCKS_PER_SM"),
+                    }
+                })
+                .collect()
+        });
+    let q_regs_too = std::env::var("ATTNFORGE_TUNE90_QREGS").is_ok_and(|v| v == "1");
     let dims = list("ATTNFORGE_TUNE90_D", &[64, 128, 256]);
     let lens = list("ATTNFORGE_TUNE90_S", &[512, 2048, 8192, 16384]);
     // 768 (the one-consumer short-keys tiles' limit), 1024 (the short-keys
@@ -512,9 +538,17 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
             if !lean && plan_fwd_sm90a_with(&spec, pairs).cluster_m > 1 {
                 tiles.push(pairs);
             }
-            for (ad, vs) in alternatives {
-                if *ad == d {
-                    for &(consumers, block_n, stages, blocks_per_sm) in *vs {
+            let alts: Vec<&[Shape]> = match &alt_env {
+                Some(v) => vec![v.as_slice()],
+                None => alternatives
+                    .iter()
+                    .filter(|(ad, _)| *ad == d)
+                    .map(|(_, v)| *v)
+                    .collect(),
+            };
+            {
+                for vs in alts {
+                    for &(consumers, block_n, stages, blocks_per_sm) in vs {
                         let t = Sm90aFwdTiles {
                             consumers,
                             block_n,
@@ -525,6 +559,15 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                         if !tiles.contains(&t) {
                             tiles.push(t);
                         }
+                    }
+                }
+            }
+            // Q in registers on every variant above, where the plan takes it.
+            if q_regs_too {
+                for t in tiles.clone() {
+                    let on = Sm90aFwdTiles { q_regs: true, ..t };
+                    if plan_fwd_sm90a_with(&spec, on).q_regs && !tiles.contains(&on) {
+                        tiles.push(on);
                     }
                 }
             }
@@ -573,11 +616,12 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
         if let Some(dir) = std::env::var_os("ATTNFORGE_TUNE_CUBINS") {
             // For reading the machine code (cuobjdump --dump-sass) without a GPU.
             let name = format!(
-                "{spec}.c{}.bn{bn}.st{st}{}{}{}{}.cubin",
+                "{spec}.c{}.bn{bn}.st{st}{}{}{}{}{}.cubin",
                 tiles.consumers,
                 if tiles.persistent { ".walk" } else { "" },
                 if tiles.head_major { "" } else { ".qbm" },
                 if k.plan.tma_store_o { ".tmao" } else { "" },
+                if k.plan.q_regs { ".qregs" } else { "" },
                 if k.plan.rowsum_mma { ".rowsum" } else { "" }
             );
             std::fs::create_dir_all(&dir).expect("cubin dir");
@@ -661,6 +705,8 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                     (p.cluster_m > 1, "pairs"),
                     (p.min_blocks_per_sm == 2, "2/SM"),
                     (p.min_blocks_per_sm == 3, "3/SM"),
+                    (p.q_double, "q2"),
+                    (p.q_regs, "q-regs"),
                 ]
                 .into_iter()
                 .filter_map(|(on, name)| on.then_some(name))
@@ -668,6 +714,7 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                 // The per-call variant with these tiles, TMA stores of O aside.
                 let plain = |t: Sm90aFwdTiles| Sm90aFwdTiles {
                     tma_store_o: false,
+                    q_double: false,
                     ..t
                 };
                 for (variant, name) in [

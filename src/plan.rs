@@ -150,6 +150,16 @@ pub struct KernelPlan {
     /// beside the ring without shrinking it. Absent elsewhere.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub q_double: bool,
+    /// sm90a forward only: each consumer warpgroup copies its 64 rows of Q
+    /// from shared memory into registers (the A fragments of every k-step,
+    /// `ldmatrix`) as soon as they land, releases the Q buffer at once, and
+    /// issues S = QK^T as register-sourced `wgmma` (only K read from shared
+    /// memory): half the shared-memory reads of S at block_n 128, and the
+    /// walk's producer loads the next tile's Q under this tile's key loop.
+    /// Costs 4 registers per thread per 16 columns of Q (32 at d128); planned
+    /// up to d 128. Absent elsewhere.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub q_regs: bool,
     /// sm80-path forward: its K tiles, and where [`fwd_swizzled_tiles`] says
     /// so its Q and V tiles, stored swizzled in shared memory instead of
     /// padded (rows of whole 128-byte lines, each 16-byte chunk at
@@ -556,6 +566,7 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
         tail_first: false,
         tma_store_o: false,
         q_double: false,
+        q_regs: false,
         smem_swizzle,
         head_major,
         cluster_m: 1,
@@ -831,10 +842,11 @@ fn hands_short_keys_on(short: &Sm90aFwdTiles) -> bool {
 /// The tiles of [`Variant::ShortKeys`] for `spec`, if it has that variant,
 /// with why (for the plan's reasons). sm90a forwards only:
 /// - under a causal mask where the main plan has three consumer warpgroups:
-///   two at block_n 128; at d 80..128 with two Q buffers
-///   ([`KernelPlan::q_double`]; H100, same-process A/B against v24 at d128
-///   512, every round ahead: 305.8 vs 301.5 TFLOP/s in session 43, 305.6 vs
-///   299.5 and 311.5 vs 303.6 in session 44; the L2 hints alone 299.4).
+///   two at block_n 128, with Q in registers ([`KernelPlan::q_regs`]; H100,
+///   session 45, tune90 on the walk at d128 512, 5 rounds: 317.5 TFLOP/s
+///   against 313.2 with the two Q buffers of v25 ([`KernelPlan::q_double`];
+///   sessions 43 and 44: +1.4..2.6% over one buffer), 312.3 with both and
+///   305.6 with neither; at d64's one consumer 254.0 against 252.1).
 ///   H200 (session 14) and H100 (sessions 23 and 24,
 ///   tune90, docs/benchmarks/2026-12-05-s24-gpu.md): at seqlen 512, 192-row
 ///   query tiles cover the causal triangle with 59% useful scores (128-row
@@ -879,20 +891,22 @@ pub fn short_keys_tiles_why(spec: &AttnSpec) -> Option<(Sm90aFwdTiles, &'static 
         Some((
             Sm90aFwdTiles {
                 blocks_per_sm: 3,
+                q_regs: true,
                 ..short(1, 64)
             },
             "one consumer warpgroup at block_n 64, three blocks per SM: blocks of 64 query rows hide each other's \
              softmax where a causal tile has few keys; measured +9.3% at seqlen 512 (and +16% at 2k) on the walk \
-             against two consumers at block_n 128, which beat block_m 192 by 15%",
+             against two consumers at block_n 128, which beat block_m 192 by 15%; Q in registers +0.8% at 512",
         ))
     } else if causal && main.consumers >= 3 {
         Some((
             Sm90aFwdTiles {
-                q_double: true,
+                q_regs: true,
                 ..short(2, 128)
             },
             "block_m 192 covers a short causal triangle with more wasted rows; measured +15% at seqlen 512; with \
-             a second Q buffer (and the L2 hints) +1.4%, +2.0% and +2.6% at d128 512 in three calls",
+             Q in registers (its buffer free for the next tile at once) +3.9% at d128 512, where a second Q \
+             buffer gave +2.5%",
         ))
     } else if spec.mask == Mask::None
         && dmax <= 64
@@ -1164,7 +1178,14 @@ pub struct Sm90aFwdTiles {
     /// Two Q buffers for the walk (see [`KernelPlan::q_double`]); ignored
     /// without the persistent entry and where the second buffer does not fit.
     pub q_double: bool,
+    /// Q in registers, S by register-sourced wgmma (see
+    /// [`KernelPlan::q_regs`]); ignored past d 128.
+    pub q_regs: bool,
 }
+
+/// The widest Q (padded head dim) that [`KernelPlan::q_regs`] takes into
+/// registers (4 registers a thread per 16 columns).
+pub const SM90A_Q_REGS_MAX_D: u32 = 128;
 
 /// The shared memory of the sm90a forward's O staging
 /// ([`KernelPlan::tma_store_o`]): per consumer warpgroup 64 rows of the
@@ -1296,6 +1317,9 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
         // tiles of d 80..128 causal specs take it (short_keys_tiles_why);
         // elsewhere measured -1.0..+0.9% (H100, sessions 43 and 44).
         q_double: false,
+        // Session 45: Q in registers (S by register-sourced wgmma), an
+        // option until timed.
+        q_regs: false,
     }
 }
 
@@ -1336,6 +1360,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         tail_first,
         tma_store_o: _,
         q_double: _,
+        q_regs: _,
     } = tiles;
     // Pairs must see the same key tiles (no mask, dense) and split each K/V
     // tile by 64-column chunks (two or more of each).
@@ -1387,6 +1412,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
     if q_double {
         smem_bytes += q_extra;
     }
+    let q_regs = tiles.q_regs && dqk <= SM90A_Q_REGS_MAX_D;
     reasons.push(format!(
         "sm90a: wgmma + TMA, 1 producer warpgroup ({SM90A_PRODUCER_REGS} regs) + {consumers} consumer warpgroup{} \
          ({consumer_regs} regs) of 64 query rows -> block_m={block_m}",
@@ -1481,6 +1507,19 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
             "one Q buffer: a second serves only the persistent walk".to_string()
         });
     }
+    if q_regs {
+        reasons.push(format!(
+            "Q in registers: each consumer warpgroup copies its rows' A fragments ({} registers a thread) and frees \
+             the Q buffer at once; S by register-sourced wgmma, only K read from shared memory",
+            dqk / 4
+        ));
+    } else if tiles.q_regs {
+        reasons.push(format!(
+            "Q from shared memory: Q in registers is planned up to d {SM90A_Q_REGS_MAX_D} (d {dqk} would take {} \
+             registers a thread)",
+            dqk / 4
+        ));
+    }
     reasons.push(if persistent {
         format!(
             "two entries: one block per work tile, and a persistent walk that the launcher takes for keys up to \
@@ -1554,6 +1593,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         tail_first,
         tma_store_o,
         q_double,
+        q_regs,
         smem_swizzle: false,
         head_major,
         cluster_m,
@@ -1737,6 +1777,44 @@ mod tests {
     }
 
     #[test]
+    fn q_regs_up_to_d128_and_rendered_as_register_sourced_s() {
+        use crate::spec::DType;
+        for (d, mask, layout, taken) in [
+            (64, Mask::CausalTopLeft, Layout::Dense, true),
+            (96, Mask::None, Layout::Thd, true),
+            (128, Mask::None, Layout::Dense, true),
+            (128, Mask::SlidingWindow, Layout::Thd, true),
+            (192, Mask::None, Layout::Dense, false),
+            (256, Mask::CausalBottomRight, Layout::Dense, false),
+        ] {
+            let spec = AttnSpec::fwd(DType::Bf16, d, mask, layout, Arch::Sm90a);
+            let base = default_sm90a_tiles(&spec);
+            assert!(!base.q_regs, "{spec}: off by default");
+            let off = plan_fwd_sm90a_with(&spec, base);
+            let on = plan_fwd_sm90a_with(&spec, Sm90aFwdTiles { q_regs: true, ..base });
+            assert!(!off.q_regs, "{spec}");
+            assert_eq!(on.q_regs, taken, "{spec}");
+            // Registers only: the tiles and the shared memory stay.
+            assert_eq!(
+                (on.block_n, on.stages, on.smem_bytes),
+                (off.block_n, off.stages, off.smem_bytes),
+                "{spec}"
+            );
+            let why = if taken {
+                "Q in registers: each consumer"
+            } else {
+                "Q in registers is planned up to d 128"
+            };
+            assert!(on.reasons.iter().any(|r| r.contains(why)), "{spec}: {:?}", on.reasons);
+            let src = crate::render::render(&on).unwrap().source;
+            assert!(src.contains(&format!("constexpr bool Q_REGS = {taken};")), "{spec}");
+            // The plan's JSON (and so the cache key) carries the option.
+            let json = serde_json::to_string(&on).unwrap();
+            assert_eq!(json.contains("\"q_regs\":true"), taken, "{spec}");
+        }
+    }
+
+    #[test]
     fn tma_store_o_only_dense_and_where_its_staging_fits_beside_the_ring() {
         use crate::spec::DType;
         for (d, mask, layout, fits) in [
@@ -1839,9 +1917,11 @@ mod tests {
                 let want = if d == 64 { (64, 64, 3) } else { (128, 128, 1) };
                 assert_eq!((short.block_m, short.block_n, short.min_blocks_per_sm), want, "{spec}");
                 assert!(!short.pingpong || d != 64, "{spec}: one consumer takes no turns");
-                // d128: two Q buffers on the walk (sessions 43-44); d64 and the main plans: one.
-                assert_eq!(short.q_double, d == 128, "{spec}");
-                assert!(!main.q_double, "{spec}");
+                // Q in registers (session 45), which frees the one Q buffer at
+                // each tile's start; the main plans (three consumers) keep Q in
+                // shared memory, where its registers do not fit.
+                assert!(short.q_regs && !short.q_double, "{spec}");
+                assert!(!main.q_regs && !main.q_double, "{spec}");
                 if d == 64 {
                     // The tiles gpu_fwd's multi-block job runs on every d64 case.
                     let tiles = Sm90aFwdTiles {
@@ -1849,6 +1929,7 @@ mod tests {
                         block_n: 64,
                         stages: 2,
                         blocks_per_sm: 3,
+                        q_regs: true,
                         ..default_sm90a_tiles(&spec)
                     };
                     assert_eq!(short_keys_tiles(&spec), Some(tiles), "{spec}");

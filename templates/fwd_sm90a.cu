@@ -55,6 +55,11 @@ constexpr bool O_TMA = {{ tma_store_o }};
 // tile's Q into the other buffer as soon as it has issued this tile's K/V,
 // instead of after the consumers' last S of this tile.
 constexpr int Q_BUFS = {{ q_bufs }};
+// Q in registers (plan's q_regs): each consumer warpgroup copies its 64 rows
+// of Q into the A fragments of every k-step as soon as they land and frees
+// the buffer at once; S is then a register-sourced wgmma that reads only K
+// from shared memory.
+constexpr bool Q_REGS = {{ q_regs }};
 // Clusters of two on the one-tile entry (plan's cluster_m; see `pair` below).
 constexpr int CLUSTER_M = {{ cluster_m }};
 // The one-tile entry's blocks in phases by tile length (common/order.cuh).
@@ -248,6 +253,20 @@ __device__ __forceinline__ void wgmma_qk(float (&d)[BLOCK_N / 8][4], unsigned lo
         : {% for j in range(end=s_tiles) %}"+f"(d[{{ j }}][0]), "+f"(d[{{ j }}][1]), "+f"(d[{{ j }}][2]), "+f"(d[{{ j }}][3]){% if not loop.last %},
           {% endif %}{% endfor %}
         : "l"(qd), "l"(kd), "r"(acc));
+}
+
+// The same with Q's k-step from registers (Q_REGS): the A fragment of rows
+// 16 w .. 16 w + 15 in warp w, as for mma.m16n8k16.
+__device__ __forceinline__ void wgmma_qk_rs(float (&d)[BLOCK_N / 8][4], const unsigned (&a)[4], unsigned long long kd,
+                                            int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %{{ s_regs + 5 }}, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n{{ block_n }}k16.f32.{{ ptx_type }}.{{ ptx_type }}\n"
+        "{ {% for i in range(end=s_regs) %}%{{ i }}{% if not loop.last %}, {% endif %}{% endfor %} },\n"
+        "{ %{{ s_regs }}, %{{ s_regs + 1 }}, %{{ s_regs + 2 }}, %{{ s_regs + 3 }} }, %{{ s_regs + 4 }}, p, 1, 1, 0;\n}\n"
+        : {% for j in range(end=s_tiles) %}"+f"(d[{{ j }}][0]), "+f"(d[{{ j }}][1]), "+f"(d[{{ j }}][2]), "+f"(d[{{ j }}][3]){% if not loop.last %},
+          {% endif %}{% endfor %}
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(kd), "r"(acc));
 }
 
 // O (64 x DV) += P (64 x 16, registers) V (16 x DV); V is stored row-major
@@ -483,6 +502,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     float acc_l[4];                                      // ROWSUM_MMA: row sums (rows g, g + 8 in [0], [2])
     float acc_s[1][BLOCK_N / 8][4];
     unsigned pa[BLOCK_N / 16][4];                        // P, the A operand of P V
+    unsigned qa[Q_REGS ? QK_KSTEPS : 1][4];              // Q_REGS: this warp's 16 rows of Q, per k-step
     unsigned ring_par = 0;
     int q_loads = 0;
     // The walk computes the tile this block takes in the next round
@@ -528,6 +548,14 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         auto phase = [&](int it) { return ((ring_par >> (it % STAGES)) ^ (unsigned)(it / STAGES)) & 1u; };
         // S = Q K(stage s)^T, committed as one wgmma group.
         auto issue_qk = [&](int s) {
+            if constexpr (Q_REGS) {
+                const unsigned k_lo = sw128_desc_lo(sK + s * K_BYTES, 16);
+#pragma unroll
+                for (int ks = 0; ks < QK_KSTEPS; ++ks)
+                    wgmma_qk_rs(acc_s[0], qa[ks], sw128_desc_at(k_lo, (ks / 4) * BLOCK_N * 128 + (ks % 4) * 32), ks > 0);
+                wgmma_commit();
+                return;
+            }
             unsigned q_base = q_rows;
             // Q's descriptors are the same every step: in the walk's tile
             // loop the compiler hoists all of them out of both loops into
@@ -615,6 +643,20 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             __syncwarp();
             if (lane == 0) mbar_arrive(q_empty(qb));
         };
+        // Q_REGS: this warp's rows of Q into registers. ldmatrix.x4's four
+        // 8 x 8 matrices are the A fragment's (rows 0-7 and 8-15, columns 0-7,
+        // then 8-15): lane l gives the address of row l % 8 of matrix l / 8.
+        // Rows are 128 bytes of a 64-column chunk, 16-byte unit u of row r
+        // stored at u ^ (r % 8) (128-byte swizzle; r % 8 = l % 8 here).
+        auto load_q = [&]() {
+            const int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            const unsigned row = q_rows + (unsigned)r * 128u;
+#pragma unroll
+            for (int ks = 0; ks < QK_KSTEPS; ++ks) {
+                const unsigned unit = (ks % 4) * 2 + (lane >> 4);
+                ldmatrix_x4(qa[ks], row + (ks / 4) * BLOCK_M * 128 + ((unit ^ (unsigned)(lane & 7)) << 4));
+            }
+        };
         auto release_v = [&](int it) {
             __syncwarp();
             if (!pair) {
@@ -645,6 +687,12 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         }
         if (n_tiles > 0) mbar_wait(q_full(qb), (q_loads / Q_BUFS) & 1);
         TRACE(EV_Q_READY);
+        // Q_REGS: Q into registers (where the warpgroup has key tiles), and
+        // its buffer free for the next tile's Q at once.
+        if (Q_REGS && n_tiles > 0) {
+            if (mine > 0) load_q();
+            release_q();
+        }
 {% if pipelined %}
 {% if pingpong %}
         if (n_tiles > 0 && cw == CONSUMERS - 1 && !turn_passed) named_bar_arrive(1, 256);
@@ -663,7 +711,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             wgmma_wait<0>();
             TRACE(EV_S_DONE);
             release_k(0);
-            if (mine == 1) release_q();                  // this warpgroup's last S: Q is free for the next tile
+            if (!Q_REGS && mine == 1) release_q();       // this warpgroup's last S: Q is free for the next tile
             float alpha[2];
             softmax_tile(w.n_begin, alpha);              // O is still zero: alpha unused
             pack_p();
@@ -689,7 +737,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             wgmma_wait<1>();                             // S(it) ready; P V may still run
             TRACE(EV_S_DONE | it << 8);
             release_k(it);
-            if (it == mine - 1) release_q();
+            if (!Q_REGS && it == mine - 1) release_q();
             float alpha[2];
             softmax_tile(w.n_begin + it * BLOCK_N, alpha);
             TRACE(EV_SOFTMAX_DONE | it << 8);
@@ -734,7 +782,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         // The turns past it (none where it sees all key tiles): each passes
         // on at once and releases the K and V slots that the others read.
         if (n_tiles > 0) {
-            if (mine == 0) release_q();
+            if (!Q_REGS && mine == 0) release_q();
             for (int it = mine > 0 ? mine + 1 : 0; it <= n_tiles; ++it) {
                 if (it < n_tiles) mbar_wait(k_full(slot(it)), phase(it));
 {% if not softmax_under_pv %}
@@ -778,7 +826,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             mbar_wait(v_full(slot(it)), phase(it));
             release_v(it);
         }
-        if (n_tiles > 0) release_q();
+        if (!Q_REGS && n_tiles > 0) release_q();
         find_next();
 {% endif %}
         if (n_tiles > 0) ++q_loads;

@@ -47,8 +47,7 @@ fn cases() -> Vec<Case> {
         dense("fwd.bf16.d128.none.dense.sm90a", 2, 8, 1, 1000, 1000),
         dense("fwd.bf16.d128.causal-br.dense.sm90a", 1, 4, 4, 4097, 4097),
         // d128 causal at short keys (the short-keys plan: two consumers at
-        // block_n 128, two Q buffers, the diagonal's P V over its left half
-        // for the first warpgroup): odd lengths, GQA, and bottom-right with
+        // block_n 128, Q in registers): odd lengths, GQA, and bottom-right with
         // fewer and with more queries than keys (last key tiles that the
         // first warpgroup's rows see in part, or not at all).
         dense("fwd.bf16.d128.causal-tl.dense.sm90a", 2, 4, 2, 517, 517),
@@ -717,6 +716,29 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
             jobs.push((
                 "fwd_sm90a.cu TMA O stores (option), walk on 3 blocks",
                 tma_o,
+                Entry::Cap(3),
+            ));
+        }
+        // Q in registers, S by register-sourced wgmma (an option, off by
+        // default; up to d128), on two consumers at block_n 128, where its
+        // registers fit: both entries.
+        if dmax <= 128 {
+            let q_regs = plan_fwd_sm90a_with(
+                spec,
+                Sm90aFwdTiles {
+                    q_regs: true,
+                    consumers: 2,
+                    block_n: 128,
+                    stages: 2,
+                    blocks_per_sm: 1,
+                    ..base
+                },
+            );
+            assert!(q_regs.q_regs, "{spec}: Q in registers planned up to d128");
+            jobs.push(("fwd_sm90a.cu Q in registers (option)", q_regs.clone(), Entry::Rule));
+            jobs.push((
+                "fwd_sm90a.cu Q in registers (option), walk on 3 blocks",
+                q_regs,
                 Entry::Cap(3),
             ));
         }

@@ -55,6 +55,11 @@ constexpr bool O_TMA = false;
 // tile's Q into the other buffer as soon as it has issued this tile's K/V,
 // instead of after the consumers' last S of this tile.
 constexpr int Q_BUFS = 1;
+// Q in registers (plan's q_regs): each consumer warpgroup copies its 64 rows
+// of Q into the A fragments of every k-step as soon as they land and frees
+// the buffer at once; S is then a register-sourced wgmma that reads only K
+// from shared memory.
+constexpr bool Q_REGS = false;
 // Clusters of two on the one-tile entry (plan's cluster_m; see `pair` below).
 constexpr int CLUSTER_M = 1;
 // The one-tile entry's blocks in phases by tile length (common/order.cuh).
@@ -843,6 +848,34 @@ __device__ __forceinline__ void wgmma_qk(float (&d)[BLOCK_N / 8][4], unsigned lo
         : "l"(qd), "l"(kd), "r"(acc));
 }
 
+// The same with Q's k-step from registers (Q_REGS): the A fragment of rows
+// 16 w .. 16 w + 15 in warp w, as for mma.m16n8k16.
+__device__ __forceinline__ void wgmma_qk_rs(float (&d)[BLOCK_N / 8][4], const unsigned (&a)[4], unsigned long long kd,
+                                            int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+        "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 },\n"
+        "{ %64, %65, %66, %67 }, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(kd), "r"(acc));
+}
+
 // O (64 x DV) += P (64 x 16, registers) V (16 x DV); V is stored row-major
 // (DV contiguous), i.e. MN-major for this product: transposed B.
 __device__ __forceinline__ void wgmma_pv(float (&d)[DV / 8][4], const unsigned (&a)[4], unsigned long long vd) {
@@ -1087,6 +1120,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     float acc_l[4];                                      // ROWSUM_MMA: row sums (rows g, g + 8 in [0], [2])
     float acc_s[1][BLOCK_N / 8][4];
     unsigned pa[BLOCK_N / 16][4];                        // P, the A operand of P V
+    unsigned qa[Q_REGS ? QK_KSTEPS : 1][4];              // Q_REGS: this warp's 16 rows of Q, per k-step
     unsigned ring_par = 0;
     int q_loads = 0;
     // The walk computes the tile this block takes in the next round
@@ -1132,6 +1166,14 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         auto phase = [&](int it) { return ((ring_par >> (it % STAGES)) ^ (unsigned)(it / STAGES)) & 1u; };
         // S = Q K(stage s)^T, committed as one wgmma group.
         auto issue_qk = [&](int s) {
+            if constexpr (Q_REGS) {
+                const unsigned k_lo = sw128_desc_lo(sK + s * K_BYTES, 16);
+#pragma unroll
+                for (int ks = 0; ks < QK_KSTEPS; ++ks)
+                    wgmma_qk_rs(acc_s[0], qa[ks], sw128_desc_at(k_lo, (ks / 4) * BLOCK_N * 128 + (ks % 4) * 32), ks > 0);
+                wgmma_commit();
+                return;
+            }
             unsigned q_base = q_rows;
             // Q's descriptors are the same every step: in the walk's tile
             // loop the compiler hoists all of them out of both loops into
@@ -1219,6 +1261,20 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             __syncwarp();
             if (lane == 0) mbar_arrive(q_empty(qb));
         };
+        // Q_REGS: this warp's rows of Q into registers. ldmatrix.x4's four
+        // 8 x 8 matrices are the A fragment's (rows 0-7 and 8-15, columns 0-7,
+        // then 8-15): lane l gives the address of row l % 8 of matrix l / 8.
+        // Rows are 128 bytes of a 64-column chunk, 16-byte unit u of row r
+        // stored at u ^ (r % 8) (128-byte swizzle; r % 8 = l % 8 here).
+        auto load_q = [&]() {
+            const int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            const unsigned row = q_rows + (unsigned)r * 128u;
+#pragma unroll
+            for (int ks = 0; ks < QK_KSTEPS; ++ks) {
+                const unsigned unit = (ks % 4) * 2 + (lane >> 4);
+                ldmatrix_x4(qa[ks], row + (ks / 4) * BLOCK_M * 128 + ((unit ^ (unsigned)(lane & 7)) << 4));
+            }
+        };
         auto release_v = [&](int it) {
             __syncwarp();
             if (!pair) {
@@ -1249,6 +1305,12 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         }
         if (n_tiles > 0) mbar_wait(q_full(qb), (q_loads / Q_BUFS) & 1);
         TRACE(EV_Q_READY);
+        // Q_REGS: Q into registers (where the warpgroup has key tiles), and
+        // its buffer free for the next tile's Q at once.
+        if (Q_REGS && n_tiles > 0) {
+            if (mine > 0) load_q();
+            release_q();
+        }
 
 
         if (n_tiles > 0 && cw == CONSUMERS - 1 && !turn_passed) named_bar_arrive(1, 256);
@@ -1267,7 +1329,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             wgmma_wait<0>();
             TRACE(EV_S_DONE);
             release_k(0);
-            if (mine == 1) release_q();                  // this warpgroup's last S: Q is free for the next tile
+            if (!Q_REGS && mine == 1) release_q();       // this warpgroup's last S: Q is free for the next tile
             float alpha[2];
             softmax_tile(w.n_begin, alpha);              // O is still zero: alpha unused
             pack_p();
@@ -1290,7 +1352,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             wgmma_wait<1>();                             // S(it) ready; P V may still run
             TRACE(EV_S_DONE | it << 8);
             release_k(it);
-            if (it == mine - 1) release_q();
+            if (!Q_REGS && it == mine - 1) release_q();
             float alpha[2];
             softmax_tile(w.n_begin + it * BLOCK_N, alpha);
             TRACE(EV_SOFTMAX_DONE | it << 8);
@@ -1332,7 +1394,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         // The turns past it (none where it sees all key tiles): each passes
         // on at once and releases the K and V slots that the others read.
         if (n_tiles > 0) {
-            if (mine == 0) release_q();
+            if (!Q_REGS && mine == 0) release_q();
             for (int it = mine > 0 ? mine + 1 : 0; it <= n_tiles; ++it) {
                 if (it < n_tiles) mbar_wait(k_full(slot(it)), phase(it));
 
