@@ -1524,7 +1524,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         format!(
             "two entries: one block per work tile, and a persistent walk that the launcher takes for keys up to \
              {}: the resident blocks walk the tiles in a snake over rounds of the grid, loading the next tile's Q \
-             under this tile's last P V and epilogue",
+             under {}",
             if spec.mask != Mask::None && dmax > 128 {
                 format!(
                     "{} from {} (under a mask past d128 one tile per block up to \
@@ -1544,6 +1544,13 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
                 )
             } else {
                 SM90A_WALK_MAX_KEYS.to_string()
+            },
+            if q_regs {
+                "this tile's key loop (Q in registers)"
+            } else if q_double {
+                "this tile's key loop (the second Q buffer)"
+            } else {
+                "this tile's last P V and epilogue"
             }
         )
     } else {
