@@ -342,6 +342,31 @@ fn sm90a_forward_schedule_variants_compile_without_spills() {
         let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} {tiles:?}: {e}"));
         assert_clean(&k, format_args!("{spec} {tiles:?}"));
     }
+    // Q in registers (planned on the short-keys causal tiles, an option
+    // elsewhere up to d128) on two consumers at block_n 128, as the GPU suite
+    // runs it on every case: ragged, windows, softcap (tanh's registers
+    // beside Q's), a head dim that is not a multiple of 64, f16.
+    for spec in [
+        "fwd.bf16.d128.none.dense.sm90a",
+        "fwd.bf16.d128.causal-br.thd.sm90a",
+        "fwd.bf16.d128.window.dense.softcap.sm90a",
+        "fwd.f16.d96.causal-tl.dense.sm90a",
+        "fwd.bf16.d64.none.thd.softcap.sm90a",
+    ] {
+        let spec: AttnSpec = spec.parse().unwrap();
+        let tiles = Sm90aFwdTiles {
+            q_regs: true,
+            consumers: 2,
+            block_n: 128,
+            stages: 2,
+            blocks_per_sm: 1,
+            ..default_sm90a_tiles(&spec)
+        };
+        let plan = plan_fwd_sm90a_with(&spec, tiles);
+        assert!(plan.q_regs, "{spec}: up to d128");
+        let k = attnforge::jit::build_plan(plan).unwrap_or_else(|e| panic!("{spec} {tiles:?}: {e}"));
+        assert_clean(&k, format_args!("{spec} {tiles:?}"));
+    }
 }
 
 /// Where an sm90a backward spec can run on either template (the GPU suite
