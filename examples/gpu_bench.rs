@@ -705,7 +705,6 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                     (p.cluster_m > 1, "pairs"),
                     (p.min_blocks_per_sm == 2, "2/SM"),
                     (p.min_blocks_per_sm == 3, "3/SM"),
-                    (p.q_double, "q2"),
                     (p.q_regs, "q-regs"),
                 ]
                 .into_iter()
@@ -714,7 +713,6 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
                 // The per-call variant with these tiles, TMA stores of O aside.
                 let plain = |t: Sm90aFwdTiles| Sm90aFwdTiles {
                     tma_store_o: false,
-                    q_double: false,
                     ..t
                 };
                 for (variant, name) in [

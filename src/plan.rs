@@ -143,13 +143,6 @@ pub struct KernelPlan {
     /// staging fits beside the ring without shrinking it. Absent elsewhere.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tma_store_o: bool,
-    /// sm90a forward only, with the persistent walk: two Q buffers, so that
-    /// the producer loads the next work tile's Q as soon as it has issued
-    /// this tile's K and V, instead of after the consumers' last S of this
-    /// tile. Planned only where the second buffer (and its two barriers) fits
-    /// beside the ring without shrinking it. Absent elsewhere.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub q_double: bool,
     /// sm90a forward only: each consumer warpgroup copies its 64 rows of Q
     /// from shared memory into registers (the A fragments of every k-step,
     /// `ldmatrix`) as soon as they land, releases the Q buffer at once, and
@@ -565,7 +558,6 @@ pub fn plan_fwd_sm80_with(spec: &AttnSpec, tiles: FwdTiles) -> KernelPlan {
         rowsum_mma: false,
         tail_first: false,
         tma_store_o: false,
-        q_double: false,
         q_regs: false,
         smem_swizzle,
         head_major,
@@ -844,9 +836,10 @@ fn hands_short_keys_on(short: &Sm90aFwdTiles) -> bool {
 /// - under a causal mask where the main plan has three consumer warpgroups:
 ///   two at block_n 128, with Q in registers ([`KernelPlan::q_regs`]; H100,
 ///   session 45, tune90 on the walk at d128 512, 5 rounds: 317.5 TFLOP/s
-///   against 313.2 with the two Q buffers of v25 ([`KernelPlan::q_double`];
-///   sessions 43 and 44: +1.4..2.6% over one buffer), 312.3 with both and
-///   305.6 with neither; at d64's one consumer 254.0 against 252.1).
+///   against 313.2 with v25's second Q buffer (sessions 43 and 44:
+///   +1.4..2.6% over one buffer; an option until session 45, removed once Q
+///   in registers freed the one buffer earlier), 312.3 with both and 305.6
+///   with neither; at d64's one consumer 254.0 against 252.1).
 ///   H200 (session 14) and H100 (sessions 23 and 24,
 ///   tune90, docs/benchmarks/2026-12-05-s24-gpu.md): at seqlen 512, 192-row
 ///   query tiles cover the causal triangle with 59% useful scores (128-row
@@ -1175,9 +1168,6 @@ pub struct Sm90aFwdTiles {
     /// [`KernelPlan::tma_store_o`]); ignored on ragged layouts and where the
     /// staging does not fit.
     pub tma_store_o: bool,
-    /// Two Q buffers for the walk (see [`KernelPlan::q_double`]); ignored
-    /// without the persistent entry and where the second buffer does not fit.
-    pub q_double: bool,
     /// Q in registers, S by register-sourced wgmma (see
     /// [`KernelPlan::q_regs`]); ignored past d 128.
     pub q_regs: bool,
@@ -1193,13 +1183,6 @@ pub const SM90A_Q_REGS_MAX_D: u32 = 128;
 /// `O_STAGE_BYTES`).
 pub const fn sm90a_o_stage_bytes(consumers: u32, dv: u32) -> u32 {
     consumers * 64 * 128 * dv.div_ceil(64)
-}
-
-/// The shared memory of the sm90a forward's second Q buffer
-/// ([`KernelPlan::q_double`]): block_m rows of the 64-column chunks of Q,
-/// and its full and empty barriers (8 bytes each).
-pub const fn sm90a_q_double_bytes(block_m: u32, qk_chunks: u32) -> u32 {
-    128 * block_m * qk_chunks + 16
 }
 
 /// The widest key tile at which the sm90a forward takes its row sums from
@@ -1313,10 +1296,6 @@ pub fn default_sm90a_tiles(spec: &AttnSpec) -> Sm90aFwdTiles {
         // the GPU; timed in session 29 at -2.0..+1.0% at 512 and -6.5..+1.4%
         // at 2k (docs/benchmarks/2026-12-06-s29-gpu.md): off.
         tma_store_o: false,
-        // The walk's next Q loaded under this tile's K/V: only the short-keys
-        // tiles of d 80..128 causal specs take it (short_keys_tiles_why);
-        // elsewhere measured -1.0..+0.9% (H100, sessions 43 and 44).
-        q_double: false,
         // Session 45: Q in registers (S by register-sourced wgmma), an
         // option until timed.
         q_regs: false,
@@ -1359,7 +1338,6 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         rowsum_mma,
         tail_first,
         tma_store_o: _,
-        q_double: _,
         q_regs: _,
     } = tiles;
     // Pairs must see the same key tiles (no mask, dense) and split each K/V
@@ -1405,12 +1383,6 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
     let tma_store_o = tiles.tma_store_o && spec.layout == Layout::Dense && smem_bytes + o_stage <= limit;
     if tma_store_o {
         smem_bytes += o_stage;
-    }
-    // The second Q buffer and its full/empty barriers, for the walk only.
-    let q_extra = sm90a_q_double_bytes(block_m, qk_chunks);
-    let q_double = tiles.q_double && persistent && smem_bytes + q_extra <= limit;
-    if q_double {
-        smem_bytes += q_extra;
     }
     let q_regs = tiles.q_regs && dqk <= SM90A_Q_REGS_MAX_D;
     reasons.push(format!(
@@ -1495,18 +1467,6 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
             "O by 16-byte stores from registers: a TMA box would cross into the next sequence's rows".to_string()
         });
     }
-    if q_double {
-        reasons.push(format!(
-            "two Q buffers ({q_extra} B more shared memory): the walk's producer loads the next tile's Q as soon as \
-             it has issued this tile's K and V, not after this tile's last S"
-        ));
-    } else if tiles.q_double {
-        reasons.push(if persistent {
-            format!("one Q buffer: a second ({q_extra} B) does not fit beside the ring")
-        } else {
-            "one Q buffer: a second serves only the persistent walk".to_string()
-        });
-    }
     if q_regs {
         reasons.push(format!(
             "Q in registers: each consumer warpgroup copies its rows' A fragments ({} registers a thread) and frees \
@@ -1547,8 +1507,6 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
             },
             if q_regs {
                 "this tile's key loop (Q in registers)"
-            } else if q_double {
-                "this tile's key loop (the second Q buffer)"
             } else {
                 "this tile's last P V and epilogue"
             }
@@ -1599,7 +1557,6 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         rowsum_mma,
         tail_first,
         tma_store_o,
-        q_double,
         q_regs,
         smem_swizzle: false,
         head_major,
@@ -1729,61 +1686,6 @@ mod tests {
     }
 
     #[test]
-    fn a_second_q_buffer_only_for_the_walk_and_where_it_fits_beside_the_ring() {
-        use crate::spec::DType;
-        for (d, mask, layout, fits) in [
-            (64, Mask::CausalTopLeft, Layout::Dense, true),
-            (64, Mask::None, Layout::Thd, true),
-            (128, Mask::None, Layout::Dense, true),
-            (128, Mask::CausalBottomRight, Layout::Thd, true),
-            (256, Mask::CausalTopLeft, Layout::Dense, false),
-            (256, Mask::None, Layout::Dense, false),
-        ] {
-            let spec = AttnSpec::fwd(DType::Bf16, d, mask, layout, Arch::Sm90a);
-            let off_tiles = Sm90aFwdTiles {
-                q_double: false,
-                ..default_sm90a_tiles(&spec)
-            };
-            let off = plan_fwd_sm90a_with(&spec, off_tiles);
-            let on = plan_fwd_sm90a_with(
-                &spec,
-                Sm90aFwdTiles {
-                    q_double: true,
-                    ..off_tiles
-                },
-            );
-            assert!(!off.q_double, "{spec}");
-            assert_eq!(on.q_double, fits, "{spec}");
-            // Never at the cost of the ring.
-            assert_eq!((on.block_n, on.stages), (off.block_n, off.stages), "{spec}");
-            let extra = if fits {
-                sm90a_q_double_bytes(on.block_m, on.head_dim_qk_padded.div_ceil(64))
-            } else {
-                0
-            };
-            assert_eq!(on.smem_bytes, off.smem_bytes + extra, "{spec}");
-            assert!(on.smem_bytes <= spec.arch.max_smem_per_block(), "{spec}");
-            let src = crate::render::render(&on).unwrap().source;
-            let bufs = if fits { 2 } else { 1 };
-            assert!(src.contains(&format!("constexpr int Q_BUFS = {bufs};")), "{spec}");
-            // Without the walk entry, one buffer.
-            let one_tile = plan_fwd_sm90a_with(
-                &spec,
-                Sm90aFwdTiles {
-                    q_double: true,
-                    persistent: false,
-                    ..off_tiles
-                },
-            );
-            assert!(!one_tile.q_double, "{spec}");
-            assert!(
-                one_tile.reasons.iter().any(|r| r.contains("only the persistent walk")),
-                "{spec}"
-            );
-        }
-    }
-
-    #[test]
     fn q_regs_up_to_d128_and_rendered_as_register_sourced_s() {
         use crate::spec::DType;
         for (d, mask, layout, taken) in [
@@ -1835,11 +1737,7 @@ mod tests {
             (256, Mask::CausalTopLeft, Layout::Dense, false),
         ] {
             let spec = AttnSpec::fwd(DType::Bf16, d, mask, layout, Arch::Sm90a);
-            // Without the second Q buffer, which takes the room first.
-            let base = Sm90aFwdTiles {
-                q_double: false,
-                ..default_sm90a_tiles(&spec)
-            };
+            let base = default_sm90a_tiles(&spec);
             assert!(!base.tma_store_o, "{spec}: off by default");
             let off = plan_fwd_sm90a_with(&spec, base);
             let on = plan_fwd_sm90a_with(
@@ -1927,8 +1825,8 @@ mod tests {
                 // Q in registers (session 45), which frees the one Q buffer at
                 // each tile's start; the main plans (three consumers) keep Q in
                 // shared memory, where its registers do not fit.
-                assert!(short.q_regs && !short.q_double, "{spec}");
-                assert!(!main.q_regs && !main.q_double, "{spec}");
+                assert!(short.q_regs, "{spec}");
+                assert!(!main.q_regs, "{spec}");
                 if d == 64 {
                     // The tiles gpu_fwd's multi-block job runs on every d64 case.
                     let tiles = Sm90aFwdTiles {
@@ -1960,7 +1858,7 @@ mod tests {
             let main = plan(&spec).unwrap();
             assert_eq!((short.block_m, short.block_n), (128, bn), "{spec}");
             assert_ne!(main.block_n, bn, "{spec}");
-            assert!(!short.q_double && !main.q_double, "{spec}");
+            assert!(!short.q_regs && !main.q_regs, "{spec}");
             assert_eq!(Variant::for_keys(&spec, 1000), Variant::ShortKeys, "{spec}");
             assert_eq!(Variant::for_keys(&spec, 4096), Variant::Main, "{spec}");
         }

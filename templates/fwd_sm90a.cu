@@ -51,10 +51,6 @@ constexpr bool ROWSUM_MMA = {{ rowsum_mma }};
 // partial block is the first (and shortest) one.
 constexpr bool TAIL_FIRST = {{ tail_first }};
 constexpr bool O_TMA = {{ tma_store_o }};
-// Q buffers (plan's q_double): with two, the walk's producer loads the next
-// tile's Q into the other buffer as soon as it has issued this tile's K/V,
-// instead of after the consumers' last S of this tile.
-constexpr int Q_BUFS = {{ q_bufs }};
 // Q in registers (plan's q_regs): each consumer warpgroup copies its 64 rows
 // of Q into the A fragments of every k-step as soon as they land and frees
 // the buffer at once; S is then a register-sourced wgmma that reads only K
@@ -119,7 +115,7 @@ enum : unsigned { EV_TILE = 1, EV_Q_READY, EV_K_READY, EV_TURN, EV_S_DONE, EV_SO
 constexpr unsigned Q_BYTES = BLOCK_M * 128 * QK_CHUNKS;
 constexpr unsigned K_BYTES = BLOCK_N * 128 * QK_CHUNKS;   // one stage
 constexpr unsigned V_BYTES = BLOCK_N * 128 * V_CHUNKS;
-constexpr unsigned OFF_K = Q_BUFS * Q_BYTES;
+constexpr unsigned OFF_K = Q_BYTES;
 constexpr unsigned OFF_V = OFF_K + STAGES * K_BYTES;
 constexpr unsigned OFF_ONES = OFF_V + STAGES * V_BYTES;   // ROWSUM_MMA: one swizzle atom of ones (1024 B)
 // O_TMA: each consumer warpgroup stages its 64 rows of O here, as V_CHUNKS
@@ -127,9 +123,7 @@ constexpr unsigned OFF_ONES = OFF_V + STAGES * V_BYTES;   // ROWSUM_MMA: one swi
 // O tensor map), and one thread stores them with TMA.
 constexpr unsigned O_STAGE_BYTES = 64u * 128u * V_CHUNKS;   // per consumer warpgroup
 constexpr unsigned OFF_O = OFF_ONES + (ROWSUM_MMA ? 1024u : 0u);
-// Barriers: q_full, q_empty, k_full[S], v_full[S], k_empty[S], v_empty[S], and
-// with two Q buffers the second buffer's q_full, q_empty.
-constexpr unsigned OFF_BAR = OFF_O + (O_TMA ? CONSUMERS * O_STAGE_BYTES : 0u);
+constexpr unsigned OFF_BAR = OFF_O + (O_TMA ? CONSUMERS * O_STAGE_BYTES : 0u);   // q_full, q_empty, k_full[S], v_full[S], k_empty[S], v_empty[S]
 static_assert(!O_TMA || !IS_THD, "a TMA box would cross into the next sequence's rows");
 
 // The key tiles from n_begin on that rows up to `row` see: through the last
@@ -304,10 +298,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
     const unsigned sQ = base, sK = base + OFF_K, sV = base + OFF_V;
-    const unsigned bar_q = base + OFF_BAR;
-    // Q buffer b's full and empty barriers (b = 0 when Q_BUFS is 1).
-    auto q_full = [&](int b) { return b == 0 ? bar_q : bar_q + 8u * (2 + 4 * STAGES); };
-    auto q_empty = [&](int b) { return q_full(b) + 8u; };
+    const unsigned bar_q = base + OFF_BAR, q_empty = base + OFF_BAR + 8u;
     auto k_full = [&](int s) { return bar_q + 8u * (2 + s); };
     auto v_full = [&](int s) { return bar_q + 8u * (2 + STAGES + s); };
     auto k_empty = [&](int s) { return bar_q + 8u * (2 + 2 * STAGES + s); };
@@ -343,10 +334,8 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     }
 
     if (tid == 0) {
-        for (int b = 0; b < Q_BUFS; ++b) {
-            mbar_init(q_full(b), 1);
-            mbar_init(q_empty(b), 4 * CONSUMERS);        // lane 0 of every consumer warp
-        }
+        mbar_init(bar_q, 1);
+        mbar_init(q_empty, 4 * CONSUMERS);               // lane 0 of every consumer warp
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(k_full(s), 1);
             mbar_init(v_full(s), 1);
@@ -376,9 +365,8 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     // so that slot addresses, and the wgmma descriptors built from them,
     // depend on `it` alone; `ring_par` holds per slot the parity of its fills
     // before this tile (key tile `it` waits for phase parity
-    // ring_par[s] ^ (it / STAGES) & 1). `q_loads` counts the Q loads: load
-    // number q goes to buffer q % Q_BUFS, whose barriers' parity is
-    // (q / Q_BUFS) & 1.
+    // ring_par[s] ^ (it / STAGES) & 1). `q_loads` counts the Q loads (the
+    // parity of bar_q and q_empty).
     const int wg = tid / 128;
     if (wg == 0) {
         // Producer: one thread issues every copy; the others only give their registers back.
@@ -401,16 +389,14 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
                 TRACE(EV_TILE | tile << 8);
                 // Coordinates (column, row, head, batch); THD rows are token indices.
                 const int bq = IS_THD ? 0 : w.b;
-                // A Q buffer is free once the last S of the tile that used it
-                // is computed (with one buffer: the previous tile's).
-                const int qb = q_loads % Q_BUFS;
-                if (q_loads >= Q_BUFS) mbar_wait(q_empty(qb), (q_loads / Q_BUFS - 1) & 1);
+                // Q of the previous tile is free once its last S is computed
+                // (with Q_REGS, once every warp has its rows in registers).
+                if (q_loads > 0) mbar_wait(q_empty, (q_loads - 1) & 1);
                 TRACE(EV_P_Q_FREE);
-                mbar_arrive_expect_tx(q_full(qb), Q_BYTES);
+                mbar_arrive_expect_tx(bar_q, Q_BYTES);
 #pragma unroll
                 for (int c = 0; c < QK_CHUNKS; ++c)
-                    tma_load_4d_hint(sQ + qb * Q_BYTES + c * BLOCK_M * 128, &tq, q_full(qb), c * 64, w.q_off + w.m0, w.h,
-                                     bq, pol_q);
+                    tma_load_4d_hint(sQ + c * BLOCK_M * 128, &tq, bar_q, c * 64, w.q_off + w.m0, w.h, bq, pol_q);
                 ++q_loads;
                 // K runs one tile ahead of V: the consumers need K(it+1) before
                 // V(it) (S of the next tile is issued before P V of this one) and
@@ -470,7 +456,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     regs_claim<{{ consumer_regs }}>();
     const int cw = __shfl_sync(0xffffffffu, wg, 0) - 1;   // warp-uniform (lets ptxas use uniform registers)
     const int warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const unsigned q_rows0 = sQ + cw * 64 * 128;         // this warpgroup's 64 rows in each chunk of buffer 0
+    const unsigned q_rows = sQ + cw * 64 * 128;          // this warpgroup's 64 rows in each chunk
 #ifdef ATTNFORGE_TRACE
     Tracer tr = tid % 128 == 0 ? tracer_for(1 + cw) : Tracer{};
 #endif
@@ -527,10 +513,6 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         };
         TRACE(EV_TILE | tile << 8);
         const int n_tiles = w.n_tiles;
-        // This tile's Q buffer (warp-uniform through the shuffle, so that
-        // ptxas keeps the descriptors in uniform registers).
-        const int qb = Q_BUFS == 1 ? 0 : __shfl_sync(0xffffffffu, q_loads % Q_BUFS, 0);
-        const unsigned q_rows = q_rows0 + (unsigned)qb * Q_BYTES;
         const RowWindow win(w.sq, w.sk, p.window_left, p.window_right);
         const int last_row = min(w.m0 + BLOCK_M, w.sq) - 1;
         const int row0 = w.m0 + cw * 64 + warp * 16 + g; // this thread's first row (and row0 + 8)
@@ -641,7 +623,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
         };
         auto release_q = [&]() {
             __syncwarp();
-            if (lane == 0) mbar_arrive(q_empty(qb));
+            if (lane == 0) mbar_arrive(q_empty);
         };
         // Q_REGS: this warp's rows of Q into registers. ldmatrix.x4's four
         // 8 x 8 matrices are the A fragment's (rows 0-7 and 8-15, columns 0-7,
@@ -685,7 +667,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             // 192 the last block's third warpgroup), or before its start (TAIL_FIRST).
             if (max(w.m0 + cw * 64, 0) > min(w.m0 + cw * 64 + 63, w.sq - 1)) mine = 0;
         }
-        if (n_tiles > 0) mbar_wait(q_full(qb), (q_loads / Q_BUFS) & 1);
+        if (n_tiles > 0) mbar_wait(bar_q, q_loads & 1);
         TRACE(EV_Q_READY);
         // Q_REGS: Q into registers (where the warpgroup has key tiles), and
         // its buffer free for the next tile's Q at once.
