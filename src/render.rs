@@ -29,6 +29,10 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ("common/softmax.cuh", include_str!("../templates/common/softmax.cuh")),
     ("common/hopper.cuh", include_str!("../templates/common/hopper.cuh")),
     ("common/ptx.cuh", include_str!("../templates/common/ptx.cuh")),
+    (
+        "common/wgmma_operands.tera",
+        include_str!("../templates/common/wgmma_operands.tera"),
+    ),
     ("common/mask.cuh", include_str!("../templates/common/mask.cuh")),
     ("common/order.cuh", include_str!("../templates/common/order.cuh")),
     ("common/tile.cuh", include_str!("../templates/common/tile.cuh")),

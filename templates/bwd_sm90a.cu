@@ -1,3 +1,4 @@
+{%- import "common/wgmma_operands.tera" as wg -%}
 // attnforge generated kernel: {{ spec }}
 // template bwd_sm90a.cu — Hopper backward (fast mode): every product on wgmma.
 // One block per (kv tile of {{ block_n }} rows, batch, kv head), two warpgroups of
@@ -99,10 +100,9 @@ __device__ __forceinline__ void wgmma_kk(float (&d)[M_TILES][4], unsigned long l
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %{{ block_m / 2 + 2 }}, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n{{ block_m }}k16.f32.{{ ptx_type }}.{{ ptx_type }}\n"
-        "{ {% for i in range(end=block_m / 2) %}%{{ i }}{% if not loop.last %}, {% endif %}{% endfor %} },\n"
+        "{ {{ wg::acc_regs(n=block_m / 2) }} },\n"
         "%{{ block_m / 2 }}, %{{ block_m / 2 + 1 }}, p, 1, 1, 0, 0;\n}\n"
-        : {% for j in range(end=block_m / 8) %}"+f"(d[{{ j }}][0]), "+f"(d[{{ j }}][1]), "+f"(d[{{ j }}][2]), "+f"(d[{{ j }}][3]){% if not loop.last %},
-          {% endif %}{% endfor %}
+        : {{ wg::acc_operands(tiles=block_m / 8) }}
         : "l"(ad), "l"(bd), "r"(acc));
 }
 
@@ -115,10 +115,9 @@ __device__ __forceinline__ void wgmma_rs<{{ n }}>(float (&d)[{{ n }} / 8][4], co
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %{{ n / 2 + 5 }}, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n{{ n }}k16.f32.{{ ptx_type }}.{{ ptx_type }}\n"
-        "{ {% for i in range(end=n / 2) %}%{{ i }}{% if not loop.last %}, {% endif %}{% endfor %} },\n"
+        "{ {{ wg::acc_regs(n=n / 2) }} },\n"
         "{ %{{ n / 2 }}, %{{ n / 2 + 1 }}, %{{ n / 2 + 2 }}, %{{ n / 2 + 3 }} }, %{{ n / 2 + 4 }}, p, 1, 1, 1;\n}\n"
-        : {% for j in range(end=n / 8) %}"+f"(d[{{ j }}][0]), "+f"(d[{{ j }}][1]), "+f"(d[{{ j }}][2]), "+f"(d[{{ j }}][3]){% if not loop.last %},
-          {% endif %}{% endfor %}
+        : {{ wg::acc_operands(tiles=n / 8) }}
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bd), "r"(1));
 }
 {% endfor %}
@@ -128,10 +127,9 @@ __device__ __forceinline__ void wgmma_tt(float (&d)[8][4], unsigned long long ad
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.{{ ptx_type }}.{{ ptx_type }}\n"
-        "{ {% for i in range(end=32) %}%{{ i }}{% if not loop.last %}, {% endif %}{% endfor %} },\n"
+        "{ {{ wg::acc_regs(n=32) }} },\n"
         "%32, %33, p, 1, 1, 1, 1;\n}\n"
-        : {% for j in range(end=8) %}"+f"(d[{{ j }}][0]), "+f"(d[{{ j }}][1]), "+f"(d[{{ j }}][2]), "+f"(d[{{ j }}][3]){% if not loop.last %},
-          {% endif %}{% endfor %}
+        : {{ wg::acc_operands(tiles=8) }}
         : "l"(ad), "l"(bd), "r"(acc));
 }
 

@@ -1,3 +1,4 @@
+{%- import "common/wgmma_operands.tera" as wg -%}
 // attnforge generated kernel: {{ spec }}
 // template fwd_sm90a.cu — Hopper forward. One producer warpgroup moves Q (once
 // per work tile) and K/V tiles through a {{ stages }}-stage ring with TMA (128-byte swizzle,
@@ -242,10 +243,9 @@ __device__ __forceinline__ void wgmma_qk(float (&d)[BLOCK_N / 8][4], unsigned lo
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %{{ s_regs + 2 }}, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n{{ block_n }}k16.f32.{{ ptx_type }}.{{ ptx_type }}\n"
-        "{ {% for i in range(end=s_regs) %}%{{ i }}{% if not loop.last %}, {% endif %}{% endfor %} },\n"
+        "{ {{ wg::acc_regs(n=s_regs) }} },\n"
         "%{{ s_regs }}, %{{ s_regs + 1 }}, p, 1, 1, 0, 0;\n}\n"
-        : {% for j in range(end=s_tiles) %}"+f"(d[{{ j }}][0]), "+f"(d[{{ j }}][1]), "+f"(d[{{ j }}][2]), "+f"(d[{{ j }}][3]){% if not loop.last %},
-          {% endif %}{% endfor %}
+        : {{ wg::acc_operands(tiles=s_tiles) }}
         : "l"(qd), "l"(kd), "r"(acc));
 }
 
@@ -256,10 +256,9 @@ __device__ __forceinline__ void wgmma_qk_rs(float (&d)[BLOCK_N / 8][4], const un
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %{{ s_regs + 5 }}, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n{{ block_n }}k16.f32.{{ ptx_type }}.{{ ptx_type }}\n"
-        "{ {% for i in range(end=s_regs) %}%{{ i }}{% if not loop.last %}, {% endif %}{% endfor %} },\n"
+        "{ {{ wg::acc_regs(n=s_regs) }} },\n"
         "{ %{{ s_regs }}, %{{ s_regs + 1 }}, %{{ s_regs + 2 }}, %{{ s_regs + 3 }} }, %{{ s_regs + 4 }}, p, 1, 1, 0;\n}\n"
-        : {% for j in range(end=s_tiles) %}"+f"(d[{{ j }}][0]), "+f"(d[{{ j }}][1]), "+f"(d[{{ j }}][2]), "+f"(d[{{ j }}][3]){% if not loop.last %},
-          {% endif %}{% endfor %}
+        : {{ wg::acc_operands(tiles=s_tiles) }}
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(kd), "r"(acc));
 }
 
@@ -269,10 +268,9 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[DV / 8][4], const unsigned (
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %{{ o_regs + 5 }}, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n{{ d_v_pad }}k16.f32.{{ ptx_type }}.{{ ptx_type }}\n"
-        "{ {% for i in range(end=o_regs) %}%{{ i }}{% if not loop.last %}, {% endif %}{% endfor %} },\n"
+        "{ {{ wg::acc_regs(n=o_regs) }} },\n"
         "{ %{{ o_regs }}, %{{ o_regs + 1 }}, %{{ o_regs + 2 }}, %{{ o_regs + 3 }} }, %{{ o_regs + 4 }}, p, 1, 1, 1;\n}\n"
-        : {% for j in range(end=o_tiles) %}"+f"(d[{{ j }}][0]), "+f"(d[{{ j }}][1]), "+f"(d[{{ j }}][2]), "+f"(d[{{ j }}][3]){% if not loop.last %},
-          {% endif %}{% endfor %}
+        : {{ wg::acc_operands(tiles=o_tiles) }}
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(vd), "r"(1));
 }
 
