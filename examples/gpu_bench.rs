@@ -538,28 +538,20 @@ fn tune90(rng: &mut rand::rngs::StdRng) {
             if !lean && plan_fwd_sm90a_with(&spec, pairs).cluster_m > 1 {
                 tiles.push(pairs);
             }
-            let alts: Vec<&[Shape]> = match &alt_env {
-                Some(v) => vec![v.as_slice()],
-                None => alternatives
-                    .iter()
-                    .filter(|(ad, _)| *ad == d)
-                    .map(|(_, v)| *v)
-                    .collect(),
+            let alts: &[Shape] = match &alt_env {
+                Some(v) => v,
+                None => alternatives.iter().find(|(ad, _)| *ad == d).map_or(&[], |(_, v)| *v),
             };
-            {
-                for vs in alts {
-                    for &(consumers, block_n, stages, blocks_per_sm) in vs {
-                        let t = Sm90aFwdTiles {
-                            consumers,
-                            block_n,
-                            stages,
-                            blocks_per_sm,
-                            ..base
-                        };
-                        if !tiles.contains(&t) {
-                            tiles.push(t);
-                        }
-                    }
+            for &(consumers, block_n, stages, blocks_per_sm) in alts {
+                let t = Sm90aFwdTiles {
+                    consumers,
+                    block_n,
+                    stages,
+                    blocks_per_sm,
+                    ..base
+                };
+                if !tiles.contains(&t) {
+                    tiles.push(t);
                 }
             }
             // Q in registers on every variant above, where the plan takes it.
@@ -922,7 +914,6 @@ fn trace_stamps(slots: &[u64]) -> Vec<(u32, u32, u64)> {
 /// every block's SM, start and end), launched once after a warm-up on each
 /// entry, summed per tile into waits and work.
 fn trace90(rng: &mut rand::rngs::StdRng) {
-    use attnforge::plan::{default_sm90a_tiles, plan_fwd_sm90a_with};
     const ROLES: usize = 4;
     const EVENTS: usize = 2048;
     let names = [
@@ -971,9 +962,8 @@ fn trace90(rng: &mut rand::rngs::StdRng) {
         // variant where the spec has one), as the dispatcher picks them.
         let variant = attnforge::plan::Variant::for_keys(&spec, s as u32);
         let plan = attnforge::plan::plan_variant(&spec, variant)
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| plan_fwd_sm90a_with(&spec, default_sm90a_tiles(&spec)));
+            .unwrap_or_else(|e| panic!("{spec}: {e}"))
+            .unwrap_or_else(|| panic!("{spec}: Variant::for_keys({s}) took {variant:?}, which the spec does not have"));
         built.push((d, causal, s, tracing_build(plan)));
     }
     if !launch::driver_available() {
