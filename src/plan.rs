@@ -1169,13 +1169,26 @@ pub struct Sm90aFwdTiles {
     /// staging does not fit.
     pub tma_store_o: bool,
     /// Q in registers, S by register-sourced wgmma (see
-    /// [`KernelPlan::q_regs`]); ignored past d 128.
+    /// [`KernelPlan::q_regs`]); ignored past d 128 and where the registers
+    /// do not fit ([`sm90a_q_regs_need`]).
     pub q_regs: bool,
 }
 
 /// The widest Q (padded head dim) that [`KernelPlan::q_regs`] takes into
 /// registers (4 registers a thread per 16 columns).
 pub const SM90A_Q_REGS_MAX_D: u32 = 128;
+
+/// Registers a consumer thread of the sm90a forward needs with Q in
+/// registers ([`KernelPlan::q_regs`]): S (block_n / 2 f32), P (block_n / 4),
+/// O (dv / 2), Q (dqk / 4) and 32 for the loop's addresses, indices and
+/// softmax state. Calibrated on ptxas (NVRTC 13.0, session 45): two consumers
+/// (240 registers) compile spill-free at d128 block_n 128 (224) and 144
+/// (236) and spill at 160 (248); three (160) spill 480-960 B at d64 block_n
+/// 128 (176) and d128 block_n 80 (188); one at three blocks per SM (136)
+/// fits d64 block_n 64 (128).
+pub const fn sm90a_q_regs_need(block_n: u32, dqk: u32, dv: u32) -> u32 {
+    block_n / 2 + block_n / 4 + dv / 2 + dqk / 4 + 32
+}
 
 /// The shared memory of the sm90a forward's O staging
 /// ([`KernelPlan::tma_store_o`]): per consumer warpgroup 64 rows of the
@@ -1384,7 +1397,8 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
     if tma_store_o {
         smem_bytes += o_stage;
     }
-    let q_regs = tiles.q_regs && dqk <= SM90A_Q_REGS_MAX_D;
+    let q_regs_need = sm90a_q_regs_need(block_n, dqk, dv);
+    let q_regs = tiles.q_regs && dqk <= SM90A_Q_REGS_MAX_D && q_regs_need <= consumer_regs;
     reasons.push(format!(
         "sm90a: wgmma + TMA, 1 producer warpgroup ({SM90A_PRODUCER_REGS} regs) + {consumers} consumer warpgroup{} \
          ({consumer_regs} regs) of 64 query rows -> block_m={block_m}",
@@ -1473,11 +1487,16 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
              the Q buffer at once; S by register-sourced wgmma, only K read from shared memory",
             dqk / 4
         ));
-    } else if tiles.q_regs {
+    } else if tiles.q_regs && dqk > SM90A_Q_REGS_MAX_D {
         reasons.push(format!(
             "Q from shared memory: Q in registers is planned up to d {SM90A_Q_REGS_MAX_D} (d {dqk} would take {} \
              registers a thread)",
             dqk / 4
+        ));
+    } else if tiles.q_regs {
+        reasons.push(format!(
+            "Q from shared memory: with Q in registers a consumer thread would need about {q_regs_need} registers \
+             (S, P, O, Q and the loop's) of its {consumer_regs}"
         ));
     }
     reasons.push(if persistent {
@@ -1686,23 +1705,36 @@ mod tests {
     }
 
     #[test]
-    fn q_regs_up_to_d128_and_rendered_as_register_sourced_s() {
+    fn q_regs_up_to_d128_where_the_registers_fit_and_rendered_as_register_sourced_s() {
         use crate::spec::DType;
-        for (d, mask, layout, taken) in [
-            (64, Mask::CausalTopLeft, Layout::Dense, true),
-            (96, Mask::None, Layout::Thd, true),
-            (128, Mask::None, Layout::Dense, true),
-            (128, Mask::SlidingWindow, Layout::Thd, true),
-            (192, Mask::None, Layout::Dense, false),
-            (256, Mask::CausalBottomRight, Layout::Dense, false),
+        // (d, mask, layout, consumers, block_n, blocks per SM, taken)
+        for (d, mask, layout, consumers, block_n, bps, taken) in [
+            (64, Mask::CausalTopLeft, Layout::Dense, 1, 64, 3, true),
+            (96, Mask::None, Layout::Thd, 2, 128, 1, true),
+            (128, Mask::None, Layout::Dense, 2, 128, 1, true),
+            (128, Mask::None, Layout::Dense, 2, 144, 1, true),
+            (128, Mask::SlidingWindow, Layout::Thd, 2, 128, 1, true),
+            // The registers: ptxas spilled these (session 45).
+            (128, Mask::None, Layout::Dense, 2, 160, 1, false),
+            (128, Mask::None, Layout::Dense, 3, 80, 1, false),
+            (64, Mask::None, Layout::Dense, 3, 128, 1, false),
+            // The head dim.
+            (192, Mask::None, Layout::Dense, 2, 96, 1, false),
+            (256, Mask::CausalBottomRight, Layout::Dense, 2, 80, 1, false),
         ] {
             let spec = AttnSpec::fwd(DType::Bf16, d, mask, layout, Arch::Sm90a);
-            let base = default_sm90a_tiles(&spec);
-            assert!(!base.q_regs, "{spec}: off by default");
+            assert!(!default_sm90a_tiles(&spec).q_regs, "{spec}: off by default");
+            let base = Sm90aFwdTiles {
+                consumers,
+                block_n,
+                stages: 2,
+                blocks_per_sm: bps,
+                ..default_sm90a_tiles(&spec)
+            };
             let off = plan_fwd_sm90a_with(&spec, base);
             let on = plan_fwd_sm90a_with(&spec, Sm90aFwdTiles { q_regs: true, ..base });
             assert!(!off.q_regs, "{spec}");
-            assert_eq!(on.q_regs, taken, "{spec}");
+            assert_eq!(on.q_regs, taken, "{spec} c{consumers} bn{block_n}");
             // Registers only: the tiles and the shared memory stay.
             assert_eq!(
                 (on.block_n, on.stages, on.smem_bytes),
@@ -1711,8 +1743,10 @@ mod tests {
             );
             let why = if taken {
                 "Q in registers: each consumer"
-            } else {
+            } else if d > 128 {
                 "Q in registers is planned up to d 128"
+            } else {
+                "with Q in registers a consumer thread would need about"
             };
             assert!(on.reasons.iter().any(|r| r.contains(why)), "{spec}: {:?}", on.reasons);
             let src = crate::render::render(&on).unwrap().source;
