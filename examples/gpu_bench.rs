@@ -1852,12 +1852,20 @@ fn bench_ragged_lens(d: usize) -> Vec<usize> {
 /// causal (bottom-right), on the bench's ragged problem with two draws of
 /// lengths (the `--ab` cells' seed-11 draw and the default sweep's), the
 /// one-tile entry with the sequences in batch order (off) and longest keys
-/// first (on, `LoadedKernel::set_ragged_order`), interleaved over three
-/// rounds; the entry the launcher's rule takes is printed beside. Then the
+/// first (on, `LoadedKernel::set_ragged_order`), and since session 46 the
+/// walk entry on the resident blocks in both orders beside it (the walk takes
+/// the same order from its shared-memory table), interleaved over three
+/// rounds (ATTNFORGE_RAGGED_ROUNDS); the entry the launcher's rule takes is
+/// printed beside. Then the
 /// sm80-path forward of the same specs (`plan::plan_sm80_path`) in both
 /// orders (since session 30). One `ragged ...` line and one `ragged-json
 /// {...}` line per cell.
 fn ragged_order_ab(rng: &mut rand::rngs::StdRng) {
+    // Rounds (ATTNFORGE_RAGGED_ROUNDS, default 3).
+    let rounds: usize = std::env::var("ATTNFORGE_RAGGED_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
     launch::ensure_context(0).expect("context");
     let cc = launch::current_compute_capability().expect("cc");
     let arch = Arch::from_compute_capability(cc.0, cc.1).expect("supported GPU");
@@ -1888,37 +1896,57 @@ fn ragged_order_ab(rng: &mut rand::rngs::StdRng) {
                     } else {
                         ("one tile", entry_of(&lk, &fa).trim())
                     };
-                    lk.set_persistent_grid(launch::ONE_TILE);
                     let flops = ragged_flops(&lens, h, d, causal);
                     // SAFETY: buffers sized for the problem.
                     let mut run = || unsafe { launch::launch_fwd(&lk, &fa, std::ptr::null_mut()).expect("launch") };
-                    // TFLOP/s of off (0) and on (1), each round starting with the other one.
-                    let mut figures = [Vec::new(), Vec::new()];
-                    for round in 0..3 {
-                        for on in [round % 2 == 1, round % 2 == 0] {
+                    // The entries timed: the one-tile entry, and (since session 46)
+                    // the walk on the resident blocks where the kernel has one.
+                    let mut entries = vec![(entry, launch::ONE_TILE)];
+                    if lk.has_walk() {
+                        entries.push(("walk", lk.resident_blocks()));
+                    }
+                    // TFLOP/s per entry of off (0) and on (1), interleaved over
+                    // the rounds, each round in the other order than the one before.
+                    let mut figures = vec![[Vec::new(), Vec::new()]; entries.len()];
+                    let configs: Vec<(usize, bool)> =
+                        (0..entries.len()).flat_map(|e| [(e, false), (e, true)]).collect();
+                    for round in 0..rounds {
+                        let order: Vec<_> = if round % 2 == 0 {
+                            configs.clone()
+                        } else {
+                            configs.iter().rev().copied().collect()
+                        };
+                        for (e, on) in order {
+                            lk.set_persistent_grid(entries[e].1);
                             lk.set_ragged_order(on);
                             let ms = time_ms(&mut run, 5.0, 25.0);
-                            figures[on as usize].push(flops / ms / 1e9);
+                            figures[e][on as usize].push(flops / ms / 1e9);
                         }
                     }
                     lk.set_ragged_order(launch::RAGGED_ORDER_DEFAULT);
                     lk.set_persistent_grid(0);
-                    let (off, on) = (median(&figures[0]), median(&figures[1]));
-                    let change = (on / off - 1.0) * 100.0;
-                    println!(
-                        "ragged {spec} {draw} ({} seqs {}..{}) {entry}: batch order {off:7.1} TFLOP/s, \
-                     longest first {on:7.1} TFLOP/s {change:+5.1}% (rule's entry: {rule})",
-                        lens.len(),
-                        lens.iter().min().unwrap(),
-                        lens.iter().max().unwrap()
-                    );
-                    let row = serde_json::json!({
-                        "spec": spec.to_string(), "draw": draw, "ragged_lens": lens, "h": h, "d": d,
-                        "causal": causal, "entry": entry, "rule_entry": rule,
-                        "batch_order_tflops": figures[0], "longest_first_tflops": figures[1],
-                        "batch_order_median": off, "longest_first_median": on, "change_pct": change,
-                    });
-                    println!("ragged-json {row}");
+                    let one_tile_on = median(&figures[0][1]);
+                    for (e, &(name, _)) in entries.iter().enumerate() {
+                        let (off, on) = (median(&figures[e][0]), median(&figures[e][1]));
+                        let change = (on / off - 1.0) * 100.0;
+                        let vs_one_tile = (on / one_tile_on - 1.0) * 100.0;
+                        println!(
+                            "ragged {spec} {draw} ({} seqs {}..{}) {name}: batch order {off:7.1} TFLOP/s, \
+                         longest first {on:7.1} TFLOP/s {change:+5.1}%, longest first vs the one-tile entry's \
+                         {vs_one_tile:+5.1}% (rule's entry: {rule})",
+                            lens.len(),
+                            lens.iter().min().unwrap(),
+                            lens.iter().max().unwrap()
+                        );
+                        let row = serde_json::json!({
+                            "spec": spec.to_string(), "draw": draw, "ragged_lens": lens, "h": h, "d": d,
+                            "causal": causal, "entry": name, "rule_entry": rule,
+                            "batch_order_tflops": figures[e][0], "longest_first_tflops": figures[e][1],
+                            "batch_order_median": off, "longest_first_median": on, "change_pct": change,
+                            "longest_first_vs_one_tile_pct": vs_one_tile,
+                        });
+                        println!("ragged-json {row}");
+                    }
                 }
             }
         }

@@ -1205,6 +1205,24 @@ pub const SM90A_ROWSUM_MMA_MAX_BN: u32 = 176;
 /// 128-byte-swizzle atom (8 rows of 128 bytes).
 pub const SM90A_ONES_BYTES: u32 = 1024;
 
+/// Rounds of the sm90a forward's walk over a ragged (THD) batch whose tiles
+/// it takes in [`ragged_order`] (sequences longest keys first): each block
+/// keeps its round's tile numbers in shared memory, one `int` a round,
+/// computed before the role split (the producer's single thread cannot run
+/// the warp-collective mapping itself). A walk with more rounds (more than
+/// this many tiles per block) keeps tile_at's order. The template's
+/// `WALK_ORDER_ROUNDS`.
+pub const SM90A_WALK_ORDER_ROUNDS: u32 = 64;
+
+/// Shared memory of the ragged walk's tile table ([`SM90A_WALK_ORDER_ROUNDS`]);
+/// dense plans have none.
+pub const fn sm90a_walk_order_bytes(layout: Layout) -> u32 {
+    match layout {
+        Layout::Thd => 4 * SM90A_WALK_ORDER_ROUNDS,
+        Layout::Dense => 0,
+    }
+}
+
 /// The widest key tile at which the sm90a forward's softmax runs under the
 /// previous P V ([`KernelPlan::softmax_under_pv`]).
 pub const SM90A_SOFTMAX_UNDER_PV_MAX_BN: u32 = 160;
@@ -1380,7 +1398,8 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
             0
         }
     };
-    while fwd_sm90a_smem(block_m, block_n, stages, qk_chunks, v_chunks) + ones(block_n) > limit {
+    let order_bytes = sm90a_walk_order_bytes(spec.layout);
+    while fwd_sm90a_smem(block_m, block_n, stages, qk_chunks, v_chunks) + ones(block_n) + order_bytes > limit {
         if stages > 2 {
             stages -= 1;
         } else {
@@ -1388,7 +1407,7 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
         }
     }
     let rowsum_mma = ones(block_n) > 0;
-    let mut smem_bytes = fwd_sm90a_smem(block_m, block_n, stages, qk_chunks, v_chunks) + ones(block_n);
+    let mut smem_bytes = fwd_sm90a_smem(block_m, block_n, stages, qk_chunks, v_chunks) + ones(block_n) + order_bytes;
     // O's staging for the TMA stores: 64 rows of 128-byte chunks per
     // consumer warpgroup; dense only (in a ragged batch a box would cross
     // into the next sequence's rows), and only beside the ring as planned.

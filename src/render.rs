@@ -149,6 +149,8 @@ struct FwdSm90aContext {
     head_major: bool,
     cluster_m: u32,
     min_blocks: u32,
+    /// Rounds of the ragged walk's tile table (`plan::SM90A_WALK_ORDER_ROUNDS`; 0 on dense plans).
+    walk_order_rounds: u32,
 }
 
 /// The values the backward template sees (see `plan::plan_bwd` for the tiles).
@@ -358,6 +360,7 @@ pub fn render(plan: &KernelPlan) -> Result<Rendered, RenderError> {
             persistent: plan.grid == crate::plan::GridRule::TilesOrWalk,
             head_major: plan.head_major,
             cluster_m: plan.cluster_m,
+            walk_order_rounds: crate::plan::sm90a_walk_order_bytes(spec.layout) / 4,
         })
         .map_err(ctx_err)?,
         (Template::FwdSm80, _) => Context::from_serialize(FwdContext {

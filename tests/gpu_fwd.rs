@@ -201,6 +201,11 @@ enum Entry {
     /// is not the default (`LoadedKernel::set_ragged_order(!RAGGED_ORDER_DEFAULT)`:
     /// batch order while the default is longest keys first, or the reverse).
     OtherRaggedOrder,
+    /// The walk on at most `cap` blocks with a ragged batch's sequences in the
+    /// order that is not the default (the walk takes the default order, longest
+    /// keys first, from its shared-memory table where its blocks have at most
+    /// `plan::SM90A_WALK_ORDER_ROUNDS` rounds).
+    WalkOtherRaggedOrder(u32),
 }
 
 /// Run one case on `kernel`; `entry` chooses the entry of a kernel with a
@@ -396,6 +401,10 @@ fn run_case(
         }
         Entry::OtherRaggedOrder => {
             loaded.set_persistent_grid(launch::ONE_TILE);
+            loaded.set_ragged_order(!launch::RAGGED_ORDER_DEFAULT);
+        }
+        Entry::WalkOtherRaggedOrder(cap) => {
+            loaded.set_persistent_grid(cap);
             loaded.set_ragged_order(!launch::RAGGED_ORDER_DEFAULT);
         }
     }
@@ -627,6 +636,15 @@ fn kernels_for(spec: &AttnSpec) -> Vec<(&'static str, attnforge::CompiledKernel,
                 (*planned).clone(),
                 Entry::OtherRaggedOrder,
             ));
+            // The walk in both orders: on 3 blocks the default order's table
+            // holds the smaller cases' rounds (at most SM90A_WALK_ORDER_ROUNDS;
+            // larger ones keep tile_at's order), on 32 blocks every case's.
+            v.push((
+                "fwd_sm90a.cu walk on 3 blocks, other ragged order",
+                (*planned).clone(),
+                Entry::WalkOtherRaggedOrder(3),
+            ));
+            v.push(("fwd_sm90a.cu walk on 32 blocks", (*planned).clone(), Entry::Cap(32)));
         }
         // The other tile order (query-block-major; the default is head-major),
         // with the other form of the row sums (FADD in the softmax where the

@@ -65,6 +65,12 @@ constexpr bool PHASED = (MASK_KIND == 1 || MASK_KIND == 2) && !IS_THD;
 // sequences. Its tile numbers are head-major ones: the query-block-major order
 // keeps the grid's (session 22: mapped through it, blocks went missing).
 constexpr bool HEAD_MAJOR = true;
+// The walk over a ragged batch takes its tiles in the same order (sequences
+// longest keys first) where its blocks have at most WALK_ORDER_ROUNDS rounds:
+// each block's tile numbers, one per round, in a table in shared memory that
+// every warp fills before the role split (ragged_order is warp-collective;
+// the producer runs on one thread). 0 on dense plans (no table).
+constexpr int WALK_ORDER_ROUNDS = 64;
 
 // The work-tile loop of both entries (WALK, a template parameter of the
 // kernel body): the walk takes rounds of gridDim.x tiles, round r the tiles
@@ -707,6 +713,7 @@ constexpr unsigned O_STAGE_BYTES = 64u * 128u * V_CHUNKS;   // per consumer warp
 constexpr unsigned OFF_O = OFF_ONES + (ROWSUM_MMA ? 1024u : 0u);
 constexpr unsigned OFF_BAR = OFF_O + (O_TMA ? CONSUMERS * O_STAGE_BYTES : 0u);   // q_full, q_empty, k_full[S], v_full[S], k_empty[S], v_empty[S]
 static_assert(!O_TMA || !IS_THD, "a TMA box would cross into the next sequence's rows");
+constexpr unsigned OFF_ORDER = OFF_BAR + 8u * (2u + 4u * STAGES);   // WALK_ORDER_ROUNDS ints
 
 // The key tiles from n_begin on that rows up to `row` see: through the last
 // key of `row` (masks bounded on the right give later rows more keys).
@@ -739,12 +746,14 @@ __device__ __forceinline__ unsigned ring_touched(int n) {
 
 // Tile t of the walk: by default all (batch, head) pairs of the last query
 // block first, so that under a causal mask the longest tiles start first.
-// A negative t (the one-tile entry's blocks past a ragged batch's real
-// tiles, see ragged_order) is no tile: n_tiles = -1.
+// A negative t (a ragged batch's blocks or rounds past its real tiles, see
+// ragged_order) is no tile: n_tiles = -1.
+// `ordered`: t is a ragged_order tile number (the walk's table), numbered
+// head-major as the one-tile entry numbers its tiles.
 template <bool WALK>
-__device__ __forceinline__ Tile tile_at(const FwdParams& p, int t) {
+__device__ __forceinline__ Tile tile_at(const FwdParams& p, int t, bool ordered = false) {
     Tile w;
-    if constexpr (IS_THD && !WALK) {
+    if constexpr (IS_THD) {
         if (t < 0) {
             w.b = w.h = w.hk = w.m0 = w.sq = w.sk = w.q_off = w.k_off = w.n_begin = 0;
             w.n_tiles = -1;
@@ -755,7 +764,7 @@ __device__ __forceinline__ Tile tile_at(const FwdParams& p, int t) {
     const int m = p.num_m_blocks;
     int bh, qb;                                          // (batch, head) pair; query block counted from the last
 
-    if constexpr (WALK) {
+    if (WALK && !ordered) {
         // Head-major in sections: the tiles of `hps` consecutive (batch, head)
         // pairs, the last query block of each first, so that the blocks in flight
         // share a few heads' K and V in L2. Without a mask every tile is as long
@@ -954,6 +963,33 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
                                     thd_tile);
     }
 
+    // The walk's tiles on ragged batches, sequences longest keys first, where
+    // the launcher asks for that order and the blocks have at most
+    // WALK_ORDER_ROUNDS rounds (a condition uniform over the grid): round r's
+    // tile number in the block's table (`walk_tile`), written here by warp
+    // r % warps; the start barrier below makes it visible to both roles. The
+    // rounds' walk indices r * gridDim.x + walk_slot(r) cover every index below
+    // total_tiles once over the grid, ragged_order maps them onto the real
+    // tiles (-1 past the last), so the walk still takes every tile once.
+    bool walk_order = false;
+    int* const order_table = reinterpret_cast<int*>(smem_raw + (base - smem_addr(smem_raw)) + OFF_ORDER);
+    if constexpr (IS_THD && WALK && WALK_ORDER_ROUNDS > 0) {
+        const int rounds = (total_tiles + (int)gridDim.x - 1) / (int)gridDim.x;
+        walk_order = HEAD_MAJOR && p.ragged_order != 0 && p.batch <= RAGGED_ORDER_MAX_BATCH &&
+                     rounds <= WALK_ORDER_ROUNDS;
+        if (walk_order) {
+            for (int r = tid / 32; r < rounds; r += (int)blockDim.x / 32) {
+                const int t = r * (int)gridDim.x + walk_slot(r);
+                const int mapped = t < total_tiles ? ragged_order(p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.heads_q,
+                                                                  p.num_m_blocks, BLOCK_M, t)
+                                                   : -1;
+                if (tid % 32 == 0) order_table[r] = mapped;
+            }
+        }
+    }
+    // Round `rnd`'s tile, `tile` its walk index.
+    auto walk_tile = [&](int rnd, int tile) { return tile_at<WALK>(p, walk_order ? order_table[rnd] : tile, walk_order); };
+
     if (tid == 0) {
         mbar_init(bar_q, 1);
         mbar_init(q_empty, 4 * CONSUMERS);               // lane 0 of every consumer warp
@@ -1005,7 +1041,7 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
             // Q is read once, a head's K and V by each of its query blocks.
             const unsigned long long pol_q = l2_policy_evict_first(), pol_kv = l2_policy_evict_last();
             TILE_LOOP_BEGIN
-                const Tile w = tile_at<WALK>(p, tile);
+                const Tile w = walk_tile(rnd, tile);
                 if (w.n_tiles <= 0) continue;
                 TRACE(EV_TILE | tile << 8);
                 // Coordinates (column, row, head, batch); THD rows are token indices.
@@ -1117,14 +1153,14 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams& p, const TmaMap& tq, 
     bool have_next = false;
     bool turn_passed = false;                            // the previous tile's last turn went on to this one
     TILE_LOOP_BEGIN
-        const Tile w = WALK && have_next ? next_w : tile_at<WALK>(p, tile);
+        const Tile w = WALK && have_next ? next_w : walk_tile(rnd, tile);
         have_next = false;
         if (w.n_tiles < 0) continue;
         auto find_next = [&]() {
             if constexpr (WALK) {
                 const int nt = round_base + (int)gridDim.x + walk_slot(rnd + 1);
                 if (nt < total_tiles) {
-                    next_w = tile_at<WALK>(p, nt);
+                    next_w = walk_tile(rnd + 1, nt);
                     have_next = true;
                 }
             }
