@@ -2198,6 +2198,72 @@ mod tests {
         assert_eq!(order[10..], [None, None]);
     }
 
+    /// The sm90a forward's walk over a ragged batch in the longest-first
+    /// order (`templates/fwd_sm90a.cu`, `walk_order`): block i of a grid of n
+    /// takes in round r the walk index r * n + slot, slot = i or n - 1 - i in
+    /// odd rounds (the snake) or (i + r) % n (the rotation), and its table
+    /// maps the index through ragged_order; over the grid every real tile is
+    /// taken once, whatever the grid, where the rounds fit the table.
+    #[test]
+    fn ragged_walk_takes_every_real_tile_once() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(46);
+        let mut checked = 0;
+        for trial in 0..300 {
+            let batch = rng.gen_range(1..=12usize);
+            let block_m = [64u32, 128, 192][rng.gen_range(0..3)];
+            let heads = rng.gen_range(1..=4u32);
+            let lens_q: Vec<u32> = (0..batch)
+                .map(|_| match rng.gen_range(0..4) {
+                    0 => 0,
+                    1 => block_m * rng.gen_range(1..=3),
+                    _ => rng.gen_range(1..=900),
+                })
+                .collect();
+            let lens_k: Vec<u32> = lens_q
+                .iter()
+                .map(|&q| if rng.gen_bool(0.5) { q } else { rng.gen_range(0..=900) })
+                .collect();
+            let m = lens_q.iter().max().unwrap().div_ceil(block_m).max(1);
+            let total = batch as u64 * u64::from(heads) * u64::from(m);
+            let n = [1u64, 3, 7, 32, 132][rng.gen_range(0..5)];
+            let rounds = total.div_ceil(n);
+            if rounds > u64::from(SM90A_WALK_ORDER_ROUNDS) {
+                continue; // the walk keeps tile_at's order (not mapped)
+            }
+            checked += 1;
+            let rotate = trial % 2 == 0;
+            let mut taken = vec![0u32; total as usize];
+            for i in 0..n {
+                for r in 0..rounds {
+                    let slot = match (rotate, r % 2) {
+                        (true, _) => (i + r) % n,
+                        (false, 0) => i,
+                        (false, _) => n - 1 - i,
+                    };
+                    let t = r * n + slot;
+                    if t >= total {
+                        continue;
+                    }
+                    if let Some(tile) = ragged_order(&lens_q, &lens_k, heads, m, block_m, t) {
+                        taken[tile as usize] += 1;
+                    }
+                }
+            }
+            for (t, &k) in taken.iter().enumerate() {
+                let b = t / m as usize / heads as usize;
+                let qb = t as u64 % u64::from(m);
+                let real = (u64::from(m) - 1 - qb) * u64::from(block_m) < u64::from(lens_q[b]);
+                assert_eq!(
+                    k,
+                    u32::from(real),
+                    "trial {trial}: tile {t} of {lens_q:?} on {n} blocks"
+                );
+            }
+        }
+        assert!(checked > 100, "{checked}");
+    }
+
     #[test]
     fn causal_tile_phases_follow_the_measured_cells() {
         // H200: 132 SMs, one forward block each; tiles = query blocks per head.
