@@ -1849,8 +1849,9 @@ fn bench_ragged_lens(d: usize) -> Vec<usize> {
 
 /// Ragged batches longest keys first (`--ragged-order`, session step
 /// `ragged`): the planner's THD forward at d128 and d256, without a mask and
-/// causal (bottom-right), on the bench's ragged problem with two draws of
-/// lengths (the `--ab` cells' seed-11 draw and the default sweep's), the
+/// causal (bottom-right), on the bench's ragged problem with three draws of
+/// lengths (the `--ab` cells' seed-11 draw, the default sweep's and, since
+/// session 46, short sequences of 64..=1024 tokens), the
 /// one-tile entry with the sequences in batch order (off) and longest keys
 /// first (on, `LoadedKernel::set_ragged_order`), and since session 46 the
 /// walk entry on the resident blocks in both orders beside it (the walk takes
@@ -1870,9 +1871,25 @@ fn ragged_order_ab(rng: &mut rand::rngs::StdRng) {
     let cc = launch::current_compute_capability().expect("cc");
     let arch = Arch::from_compute_capability(cc.0, cc.1).expect("supported GPU");
     let seed11 = ragged_lens(&mut rand::rngs::StdRng::seed_from_u64(11));
+    // Short sequences (64..=1024 tokens, 16k in all): where the launcher's rule
+    // takes the walk on ragged batches (keys up to 1024, or 2048).
+    let short = {
+        let mut r = rand::rngs::StdRng::seed_from_u64(46);
+        let (mut lens, mut total) = (Vec::new(), 0);
+        while total < 16384 {
+            let l = r.gen_range(64..=1024usize).min(16384 - total);
+            lens.push(l);
+            total += l;
+        }
+        lens
+    };
     for d in [128usize, 256] {
         let h = 2048 / d;
-        for (draw, lens) in [("seed11", seed11.clone()), ("bench", bench_ragged_lens(d))] {
+        for (draw, lens) in [
+            ("seed11", seed11.clone()),
+            ("bench", bench_ragged_lens(d)),
+            ("short", short.clone()),
+        ] {
             for causal in [false, true] {
                 let mask = if causal { Mask::CausalBottomRight } else { Mask::None };
                 let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Thd, arch);
