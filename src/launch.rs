@@ -666,7 +666,14 @@ impl LoadedKernel {
     fn entry(&self, p: &FwdProblem, one_tile: (u32, u32, u32)) -> (sys::CUfunction, (u32, u32, u32), u32) {
         match (
             self.walk,
-            walk_grid(&self.plan, p, one_tile, self.persistent_grid(), self.resident),
+            walk_grid(
+                &self.plan,
+                p,
+                one_tile,
+                self.persistent_grid(),
+                self.resident,
+                self.ragged_order(),
+            ),
         ) {
             (Some(walk), Some(grid)) => (walk, grid, 1),
             _ => match cluster_grid(&self.plan, one_tile) {
@@ -996,27 +1003,38 @@ pub fn ragged_order_param(plan: &KernelPlan, on: bool) -> i32 {
 /// `cap` is [`LoadedKernel::set_persistent_grid`]'s (0: the launcher's rule,
 /// [`crate::plan::sm90a_walk_pays`], which also walks where grid.y cannot
 /// hold the query blocks; [`ONE_TILE`]: the one-tile entry wherever grid.y
-/// holds the query blocks), `resident` the walk entry's resident blocks.
+/// holds the query blocks), `resident` the walk entry's resident blocks,
+/// `ragged_order` [`LoadedKernel::ragged_order`]: under the rule a ragged
+/// batch walks only where the walk takes its sequences longest keys first
+/// ([`crate::plan::sm90a_ragged_walk_ordered`]).
 pub fn walk_grid(
     plan: &KernelPlan,
     p: &FwdProblem,
     one_tile: (u32, u32, u32),
     cap: u32,
     resident: u32,
+    ragged_order: bool,
 ) -> Option<(u32, u32, u32)> {
     if plan.grid != GridRule::TilesOrWalk {
         return None;
     }
+    // check_fwd kept the tiles below MAX_PERSISTENT_TILES.
+    let tiles = one_tile.0 as u64 * one_tile.1 as u64;
+    let grid = |cap: u32| tiles.min(cap.clamp(1, MAX_PERSISTENT_GRID) as u64);
     let d = plan.head_dim_qk_padded.max(plan.head_dim_v_padded);
+    let ordered = || {
+        plan.spec.layout != Layout::Thd
+            || crate::plan::sm90a_ragged_walk_ordered(plan.head_major, ragged_order, p.batch, tiles, grid(resident))
+    };
     let cap = match cap {
         _ if one_tile.1 > 65535 => resident,
-        0 if crate::plan::sm90a_walk_pays(p.seqlen_k, &plan.spec, d, plan.block_m / 64, plan.block_n) => resident,
+        0 if crate::plan::sm90a_walk_pays(p.seqlen_k, &plan.spec, d, plan.block_m / 64, plan.block_n) && ordered() => {
+            resident
+        }
         0 | ONE_TILE => return None,
         c => c,
     };
-    // check_fwd kept the tiles below MAX_PERSISTENT_TILES.
-    let tiles = one_tile.0 as u64 * one_tile.1 as u64;
-    Some((tiles.min(cap.clamp(1, MAX_PERSISTENT_GRID) as u64) as u32, 1, 1))
+    Some((grid(cap) as u32, 1, 1))
 }
 
 /// The grid of a one-tile launch as clusters of two blocks: a `cluster_m` 2
@@ -1500,6 +1518,53 @@ mod tests {
         }
     }
 
+    /// The rule on ragged batches (session 46): past d128 without a mask the
+    /// walk at every length, under a mask from 513 to 1024 keys (the
+    /// short-keys tiles); and only where the walk takes
+    /// the sequences longest keys first (its order table holds the rounds,
+    /// at most 64 sequences, `ragged_order` on).
+    #[test]
+    fn ragged_batches_walk_only_in_the_longest_first_order() {
+        let thd = |d, mask| plan(&AttnSpec::fwd(DType::Bf16, d, mask, Layout::Thd, Arch::Sm90a)).unwrap();
+        let problem = |batch, seqlen_k| FwdProblem {
+            batch,
+            heads_q: 8,
+            heads_kv: 8,
+            seqlen_q: seqlen_k,
+            seqlen_k,
+            ..Default::default()
+        };
+        let (none, causal) = (thd(256, Mask::None), thd(256, Mask::CausalBottomRight));
+        let rounds = u64::from(crate::plan::SM90A_WALK_ORDER_ROUNDS);
+        for keys in [300u32, 1000, 3733, 16384] {
+            let m = keys.div_ceil(none.block_m);
+            let p = problem(10, keys);
+            let grid = (10 * 8, m, 1);
+            let walks = (80 * u64::from(m)).div_ceil(132) <= rounds;
+            assert_eq!(walk_grid(&none, &p, grid, 0, 132, true).is_some(), walks, "{keys}");
+            // Batch order (tile_at's) is never walked under the rule...
+            assert_eq!(walk_grid(&none, &p, grid, 0, 132, false), None, "{keys}");
+            // ... but is where a cap forces the walk.
+            assert!(walk_grid(&none, &p, grid, 3, 132, false).is_some());
+            let causal_walks = keys == 1000 && walks;
+            assert_eq!(
+                walk_grid(&causal, &p, grid, 0, 132, true).is_some(),
+                causal_walks,
+                "{keys}"
+            );
+        }
+        // More sequences than the order takes: one tile per block.
+        let m = 2u32;
+        assert!(walk_grid(&none, &problem(64, 256), (64 * 8, m, 1), 0, 132, true).is_some());
+        assert_eq!(walk_grid(&none, &problem(65, 256), (65 * 8, m, 1), 0, 132, true), None);
+        // d128 keeps the keys' thresholds (the walk up to 1024 keys, 2048
+        // with three consumers), in the order only.
+        let d128 = thd(128, Mask::CausalBottomRight);
+        assert!(walk_grid(&d128, &problem(8, 1000), (64, 8, 1), 0, 132, true).is_some());
+        assert_eq!(walk_grid(&d128, &problem(8, 1000), (64, 8, 1), 0, 132, false), None);
+        assert_eq!(walk_grid(&d128, &problem(8, 3000), (64, 24, 1), 0, 132, true), None);
+    }
+
     #[test]
     fn sm90a_grid_counts_work_tiles_and_refuses_int_overflow() {
         use crate::plan::{default_sm90a_tiles, plan_fwd_sm90a_with, Sm90aFwdTiles};
@@ -1521,28 +1586,40 @@ mod tests {
         let short = dense_args(4, 8, 2, 1000, 700, 128);
         let (_, dims) = check_fwd(&one, &short).unwrap().unwrap();
         let tiles = 4 * 8 * 1000u32.div_ceil(one.block_m);
-        assert_eq!(walk_grid(&one, &short.problem, dims.grid, 0, 132), Some((132, 1, 1)));
         assert_eq!(
-            walk_grid(&one, &short.problem, dims.grid, 0, 100_000),
+            walk_grid(&one, &short.problem, dims.grid, 0, 132, true),
+            Some((132, 1, 1))
+        );
+        assert_eq!(
+            walk_grid(&one, &short.problem, dims.grid, 0, 100_000, true),
             Some((tiles, 1, 1))
         );
-        assert_eq!(walk_grid(&one, &short.problem, dims.grid, 3, 132), Some((3, 1, 1)));
-        assert_eq!(walk_grid(&one, &short.problem, dims.grid, ONE_TILE, 132), None);
         assert_eq!(
-            walk_grid(&one, &short.problem, dims.grid, 1 << 20, 100_000),
+            walk_grid(&one, &short.problem, dims.grid, 3, 132, true),
+            Some((3, 1, 1))
+        );
+        assert_eq!(walk_grid(&one, &short.problem, dims.grid, ONE_TILE, 132, true), None);
+        assert_eq!(
+            walk_grid(&one, &short.problem, dims.grid, 1 << 20, 100_000, true),
             Some((tiles, 1, 1))
         );
         // Long keys take the one-tile entry unless a cap forces the walk.
         let long_keys = dense_args(1, 8, 2, 1000, 4096, 128);
         let (_, dims) = check_fwd(&one, &long_keys).unwrap().unwrap();
-        assert_eq!(walk_grid(&one, &long_keys.problem, dims.grid, 0, 132), None);
-        assert_eq!(walk_grid(&one, &long_keys.problem, dims.grid, 7, 132), Some((7, 1, 1)));
+        assert_eq!(walk_grid(&one, &long_keys.problem, dims.grid, 0, 132, true), None);
+        assert_eq!(
+            walk_grid(&one, &long_keys.problem, dims.grid, 7, 132, true),
+            Some((7, 1, 1))
+        );
         // More query blocks than grid.y holds: the walk, whatever the keys.
         let long_q = dense_args(1, 1, 1, 65536 * one.block_m, 8192, 128);
         let (_, dims) = check_fwd(&one, &long_q).unwrap().unwrap();
-        assert_eq!(walk_grid(&one, &long_q.problem, dims.grid, 0, 132), Some((132, 1, 1)));
         assert_eq!(
-            walk_grid(&one, &long_q.problem, dims.grid, ONE_TILE, 132),
+            walk_grid(&one, &long_q.problem, dims.grid, 0, 132, true),
+            Some((132, 1, 1))
+        );
+        assert_eq!(
+            walk_grid(&one, &long_q.problem, dims.grid, ONE_TILE, 132, true),
             Some((132, 1, 1))
         );
         // Without the walk entry, one tile per block (and grid.y's limit).
@@ -1553,7 +1630,7 @@ mod tests {
         let pl = plan_fwd_sm90a_with(&spec, tiles);
         assert_eq!(pl.grid, GridRule::BatchHeadsByQueryTiles);
         let (_, dims) = check_fwd(&pl, &short).unwrap().unwrap();
-        assert_eq!(walk_grid(&pl, &short.problem, dims.grid, 0, 132), None);
+        assert_eq!(walk_grid(&pl, &short.problem, dims.grid, 0, 132, true), None);
         assert!(matches!(
             check_fwd(&pl, &long_q),
             Err(LaunchError::InvalidArgument { arg: "seqlen_q", .. })

@@ -667,8 +667,22 @@ fn fwd_sm90a_smem(block_m: u32, block_n: u32, stages: u32, qk_chunks: u32, v_chu
 /// (418 vs 405, 442 vs 414), so past d128 a mask keeps one tile per block up
 /// to [`SM90A_ONE_TILE_MASKED_MAX_KEYS`]; three consumers under a mask walk
 /// up to 2k (d128 causal 2k: 487 walk vs 472 one tile).
+///
+/// Ragged batches past d128 (session 46, H100, `gpu_bench --ragged-order`,
+/// `docs/benchmarks/2026-12-07-s46-gpu.md`): since the walk takes their
+/// sequences longest keys first (its order table), without a mask it leads
+/// the one-tile entry at every length measured (d256: +4.2% / +1.8% on the
+/// bench's and the seed-11 lengths of up to 3.7k tokens, +20.9% on 64..1024),
+/// so it walks at every length. Under a mask the main plan's walk trails the
+/// one-tile entry (-5.7% on 64..1024, -15..21% on the longer draws), but calls
+/// up to 1024 keys take the short-keys tiles (block_n 64), whose ragged walk
+/// is unmeasured: the thresholds stay. The launcher walks a ragged batch
+/// only where the walk takes that order ([`sm90a_ragged_walk_ordered`]).
 pub fn sm90a_walk_pays(seqlen_k: u32, spec: &AttnSpec, d: u32, consumers: u32, block_n: u32) -> bool {
     let masked = spec.mask != Mask::None;
+    if spec.layout == Layout::Thd && d > 128 && !masked {
+        return true;
+    }
     if masked && d > 128 && seqlen_k <= SM90A_ONE_TILE_MASKED_MAX_KEYS {
         return false;
     }
@@ -1214,6 +1228,23 @@ pub const SM90A_ONES_BYTES: u32 = 1024;
 /// `WALK_ORDER_ROUNDS`.
 pub const SM90A_WALK_ORDER_ROUNDS: u32 = 64;
 
+/// Whether the sm90a forward's walk over a ragged batch of `batch` sequences
+/// and `tiles` work tiles (batch x heads x query blocks of the longest) on
+/// `grid` blocks takes the sequences longest keys first (the template's
+/// `walk_order`): with `ragged_order` on, on a head-major plan, for at most
+/// [`RAGGED_ORDER_MAX_BATCH`] sequences, in at most
+/// [`SM90A_WALK_ORDER_ROUNDS`] rounds. Otherwise it walks in tile_at's order
+/// (batch order, each sequence's empty blocks among the real ones), which
+/// measured 7..31% under the ordered walk (session 46), so the launcher's rule
+/// takes the one-tile entry there.
+pub fn sm90a_ragged_walk_ordered(head_major: bool, ragged_order: bool, batch: u32, tiles: u64, grid: u64) -> bool {
+    head_major
+        && ragged_order
+        && batch as usize <= RAGGED_ORDER_MAX_BATCH
+        && grid > 0
+        && tiles.div_ceil(grid) <= u64::from(SM90A_WALK_ORDER_ROUNDS)
+}
+
 /// Shared memory of the ragged walk's tile table ([`SM90A_WALK_ORDER_ROUNDS`]);
 /// dense plans have none.
 pub const fn sm90a_walk_order_bytes(layout: Layout) -> u32 {
@@ -1520,12 +1551,18 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
     }
     reasons.push(if persistent {
         format!(
-            "two entries: one block per work tile, and a persistent walk that the launcher takes for keys up to \
+            "two entries: one block per work tile, and a persistent walk that the launcher takes for keys \
              {}: the resident blocks walk the tiles in a snake over rounds of the grid, loading the next tile's Q \
              under {}",
-            if spec.mask != Mask::None && dmax > 128 {
+            if spec.layout == Layout::Thd && spec.mask == Mask::None && dmax > 128 {
                 format!(
-                    "{} from {} (under a mask past d128 one tile per block up to \
+                    "of any length (a ragged batch past d128 without a mask, where the walk takes its sequences longest \
+                     keys first: at most {RAGGED_ORDER_MAX_BATCH} sequences, at most {SM90A_WALK_ORDER_ROUNDS} \
+                     tiles per block; measured +1.8..20.9% over one tile per block)"
+                )
+            } else if spec.mask != Mask::None && dmax > 128 {
+                format!(
+                    "up to {} from {} (under a mask past d128 one tile per block up to \
                      {SM90A_ONE_TILE_MASKED_MAX_KEYS}: measured +15% at d256 causal, seqlen 512)",
                     if sm90a_walks_to_2k(spec, dmax, consumers, block_n) {
                         2 * SM90A_WALK_MAX_KEYS
@@ -1536,12 +1573,12 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
                 )
             } else if sm90a_walks_to_2k(spec, dmax, consumers, block_n) {
                 format!(
-                    "{} (three consumers up to d128, under a mask at d <= 64, dense without one past d128, or at \
+                    "up to {} (three consumers up to d128, under a mask at d <= 64, dense without one past d128, or at \
                      block_n 64)",
                     2 * SM90A_WALK_MAX_KEYS
                 )
             } else {
-                SM90A_WALK_MAX_KEYS.to_string()
+                format!("up to {SM90A_WALK_MAX_KEYS}")
             },
             if q_regs {
                 "this tile's key loop (Q in registers)"
@@ -2670,6 +2707,14 @@ mod tests {
                 let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, layout, Arch::Sm90a);
                 for consumers in [2, 3] {
                     let walks = |s| sm90a_walk_pays(s, &spec, d, consumers, 80);
+                    // Ragged batches past d128 without a mask (session 46):
+                    // the walk at every length.
+                    if !dense && d > 128 && !masked {
+                        for s in [1, 512, 513, 2048, 4096, 1 << 20] {
+                            assert!(walks(s), "{spec} {s}");
+                        }
+                        continue;
+                    }
                     // Past d128 a mask keeps one tile per block up to 512 keys.
                     assert_eq!(walks(512), !(masked && d > 128));
                     assert!(walks(513) && walks(SM90A_WALK_MAX_KEYS));
