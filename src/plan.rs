@@ -1585,7 +1585,15 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
             } else {
                 "this tile's last P V and epilogue"
             }
-        )
+        ) + &if spec.layout == Layout::Thd && !(spec.mask == Mask::None && dmax > 128) {
+            // (the any-length case above says it already)
+            format!(
+                "; a ragged batch walks only where the walk takes its sequences longest keys first (at most \
+                 {RAGGED_ORDER_MAX_BATCH} sequences, at most {SM90A_WALK_ORDER_ROUNDS} tiles per block)"
+            )
+        } else {
+            String::new()
+        }
     } else {
         "one block per work tile".into()
     });
