@@ -1946,11 +1946,15 @@ fn ragged_order_ab(rng: &mut rand::rngs::StdRng) {
                     for (e, &(name, _)) in entries.iter().enumerate() {
                         let (off, on) = (median(&figures[e][0]), median(&figures[e][1]));
                         let change = (on / off - 1.0) * 100.0;
-                        let vs_one_tile = (on / one_tile_on - 1.0) * 100.0;
+                        // The walk against the one-tile entry (both longest first); the
+                        // first entry has no other to compare with.
+                        let vs_one_tile = (e > 0).then(|| (on / one_tile_on - 1.0) * 100.0);
+                        let vs = vs_one_tile.map_or(String::new(), |v| {
+                            format!(", longest first vs the one-tile entry's {v:+5.1}%")
+                        });
                         println!(
                             "ragged {spec} {draw} ({} seqs {}..{}) {name}: batch order {off:7.1} TFLOP/s, \
-                         longest first {on:7.1} TFLOP/s {change:+5.1}%, longest first vs the one-tile entry's \
-                         {vs_one_tile:+5.1}% (rule's entry: {rule})",
+                         longest first {on:7.1} TFLOP/s {change:+5.1}%{vs} (rule's entry: {rule})",
                             lens.len(),
                             lens.iter().min().unwrap(),
                             lens.iter().max().unwrap()
