@@ -1895,23 +1895,39 @@ fn ragged_order_ab(rng: &mut rand::rngs::StdRng) {
                 let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Thd, arch);
                 let (_bufs, fa) = ragged_problem(d, &lens, rng);
                 let planned = attnforge::get_or_build(&spec).expect("forward");
+                // The variant a call of this draw takes (the dispatcher picks it by
+                // the longest keys; since session 47), where it is not the main plan.
+                let max_len = lens.iter().copied().max().unwrap_or(0) as u32;
+                let variant = attnforge::plan::Variant::for_keys(&spec, max_len);
+                let per_call = (variant != attnforge::plan::Variant::Main).then(|| {
+                    attnforge::Jit::global()
+                        .get_or_build_variant(&spec, variant)
+                        .map(|k| (*k).clone())
+                        .map_err(|e| format!("no {variant:?} forward ({e})"))
+                });
                 let sm80 = attnforge::plan::plan_sm80_path(&spec)
                     .map_err(|e| e.to_string())
-                    .and_then(|plan| attnforge::jit::build_plan(plan).map_err(|e| e.to_string()));
-                for k in [Ok((*planned).clone()), sm80] {
+                    .and_then(|plan| attnforge::jit::build_plan(plan).map_err(|e| e.to_string()))
+                    .map_err(|e| format!("no sm80-path forward ({e})"));
+                let kernels = std::iter::once(Ok((*planned).clone()))
+                    .chain(per_call)
+                    .chain(std::iter::once(sm80));
+                for k in kernels {
                     let k = match k {
                         Ok(k) => k,
                         Err(e) => {
-                            println!("ragged {spec} {draw}: no sm80-path forward ({e})");
+                            println!("ragged {spec} {draw}: {e}");
                             continue;
                         }
                     };
                     let lk = launch::load(&k).expect("load");
-                    // The sm80 path has one entry; the sm90a kernel is timed on its one-tile entry.
+                    // The sm80 path has one entry; the sm90a kernels are timed on their
+                    // one-tile entry (and the walk below), the per-call variant's named.
                     let (entry, rule) = if k.plan.template == attnforge::plan::Template::FwdSm80 {
-                        ("sm80 path", "sm80 path")
+                        ("sm80 path".to_string(), "sm80 path".to_string())
                     } else {
-                        ("one tile", entry_of(&lk, &fa).trim())
+                        let tag = variant_label(k.variant);
+                        (format!("one tile{tag}"), format!("{}{tag}", entry_of(&lk, &fa).trim()))
                     };
                     let flops = ragged_flops(&lens, h, d, causal);
                     // SAFETY: buffers sized for the problem.
@@ -1920,7 +1936,7 @@ fn ragged_order_ab(rng: &mut rand::rngs::StdRng) {
                     // the walk on the resident blocks where the kernel has one.
                     let mut entries = vec![(entry, launch::ONE_TILE)];
                     if lk.has_walk() {
-                        entries.push(("walk", lk.resident_blocks()));
+                        entries.push((format!("walk{}", variant_label(k.variant)), lk.resident_blocks()));
                     }
                     // TFLOP/s per entry of off (0) and on (1), interleaved over
                     // the rounds, each round in the other order than the one before.
@@ -1943,7 +1959,7 @@ fn ragged_order_ab(rng: &mut rand::rngs::StdRng) {
                     lk.set_ragged_order(launch::RAGGED_ORDER_DEFAULT);
                     lk.set_persistent_grid(0);
                     let one_tile_on = median(&figures[0][1]);
-                    for (e, &(name, _)) in entries.iter().enumerate() {
+                    for (e, (name, _)) in entries.iter().enumerate() {
                         let (off, on) = (median(&figures[e][0]), median(&figures[e][1]));
                         let change = (on / off - 1.0) * 100.0;
                         // The walk against the one-tile entry (both longest first); the
