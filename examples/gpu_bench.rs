@@ -1856,7 +1856,7 @@ fn bench_ragged_lens(d: usize) -> Vec<usize> {
 /// first (on, `LoadedKernel::set_ragged_order`), and since session 46 the
 /// walk entry on the resident blocks in both orders beside it (the walk takes
 /// the same order from its shared-memory table), interleaved over three
-/// rounds (ATTNFORGE_RAGGED_ROUNDS); the entry the launcher's rule takes is
+/// rounds (ATTNFORGE_RAGGED_ROUNDS; ATTNFORGE_RAGGED_DRAWS picks draws); the entry the launcher's rule takes is
 /// printed beside. Then the
 /// sm80-path forward of the same specs (`plan::plan_sm80_path`) in both
 /// orders (since session 30). One `ragged ...` line and one `ragged-json
@@ -1867,6 +1867,10 @@ fn ragged_order_ab(rng: &mut rand::rngs::StdRng) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
+    // The draws timed (ATTNFORGE_RAGGED_DRAWS, comma-separated; default all three).
+    let draws: Option<Vec<String>> = std::env::var("ATTNFORGE_RAGGED_DRAWS")
+        .ok()
+        .map(|v| v.split(',').map(|x| x.trim().to_string()).collect());
     launch::ensure_context(0).expect("context");
     let cc = launch::current_compute_capability().expect("cc");
     let arch = Arch::from_compute_capability(cc.0, cc.1).expect("supported GPU");
@@ -1889,7 +1893,10 @@ fn ragged_order_ab(rng: &mut rand::rngs::StdRng) {
             ("seed11", seed11.clone()),
             ("bench", bench_ragged_lens(d)),
             ("short", short.clone()),
-        ] {
+        ]
+        .into_iter()
+        .filter(|(draw, _)| draws.as_ref().is_none_or(|v| v.iter().any(|x| x == draw)))
+        {
             for causal in [false, true] {
                 let mask = if causal { Mask::CausalBottomRight } else { Mask::None };
                 let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, Layout::Thd, arch);
