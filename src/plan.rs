@@ -674,14 +674,18 @@ fn fwd_sm90a_smem(block_m: u32, block_n: u32, stages: u32, qk_chunks: u32, v_chu
 /// the one-tile entry at every length measured (d256: +4.2% / +1.8% on the
 /// bench's and the seed-11 lengths of up to 3.7k tokens, +20.9% on 64..1024),
 /// so it walks at every length. Under a mask the main plan's walk trails the
-/// one-tile entry (-5.7% on 64..1024, -15..21% on the longer draws), but calls
-/// up to 1024 keys take the short-keys tiles (block_n 64), whose ragged walk
-/// is unmeasured: the thresholds stay. The launcher walks a ragged batch
-/// only where the walk takes that order ([`sm90a_ragged_walk_ordered`]).
+/// one-tile entry (-5.7% on 64..1024, -15..21% on the longer draws), and so
+/// does the short-keys tiles' (block_n 64, calls up to 1024 keys; session 47,
+/// H100, same process, `docs/benchmarks/2026-12-07-s47-gpu.md`: 257.1 against
+/// 289.6 TFLOP/s one tile per block in the same longest-first order, 311.8 in
+/// batch order, on 64..1024 tokens at d256 causal), so a masked ragged batch
+/// past d128 takes one tile per block at every length. The launcher walks a
+/// ragged batch only where the walk takes that order
+/// ([`sm90a_ragged_walk_ordered`]).
 pub fn sm90a_walk_pays(seqlen_k: u32, spec: &AttnSpec, d: u32, consumers: u32, block_n: u32) -> bool {
     let masked = spec.mask != Mask::None;
-    if spec.layout == Layout::Thd && d > 128 && !masked {
-        return true;
+    if spec.layout == Layout::Thd && d > 128 {
+        return !masked;
     }
     if masked && d > 128 && seqlen_k <= SM90A_ONE_TILE_MASKED_MAX_KEYS {
         return false;
@@ -1560,6 +1564,10 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
                      keys first: at most {RAGGED_ORDER_MAX_BATCH} sequences, at most {SM90A_WALK_ORDER_ROUNDS} \
                      tiles per block; measured +1.8..20.9% over one tile per block)"
                 )
+            } else if spec.layout == Layout::Thd && dmax > 128 {
+                "by its rule at no length (a ragged batch past d128 under a mask takes one tile per block: the walk \
+                 measured 11..21% behind it, on the short-keys tiles too), only where asked for"
+                    .to_string()
             } else if spec.mask != Mask::None && dmax > 128 {
                 format!(
                     "up to {} from {} (under a mask past d128 one tile per block up to \
@@ -1585,8 +1593,8 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
             } else {
                 "this tile's last P V and epilogue"
             }
-        ) + &if spec.layout == Layout::Thd && !(spec.mask == Mask::None && dmax > 128) {
-            // (the any-length case above says it already)
+        ) + &if spec.layout == Layout::Thd && dmax <= 128 {
+            // (the cases past d128 above say it already, or never walk)
             format!(
                 "; a ragged batch walks only where the walk takes its sequences longest keys first (at most \
                  {RAGGED_ORDER_MAX_BATCH} sequences, at most {SM90A_WALK_ORDER_ROUNDS} tiles per block)"
@@ -2715,11 +2723,11 @@ mod tests {
                 let spec = AttnSpec::fwd(DType::Bf16, d as u16, mask, layout, Arch::Sm90a);
                 for consumers in [2, 3] {
                     let walks = |s| sm90a_walk_pays(s, &spec, d, consumers, 80);
-                    // Ragged batches past d128 without a mask (session 46):
-                    // the walk at every length.
-                    if !dense && d > 128 && !masked {
-                        for s in [1, 512, 513, 2048, 4096, 1 << 20] {
-                            assert!(walks(s), "{spec} {s}");
+                    // Ragged batches past d128: without a mask the walk at
+                    // every length (session 46), under one never (session 47).
+                    if !dense && d > 128 {
+                        for s in [1, 512, 513, 1024, 2048, 4096, 1 << 20] {
+                            assert_eq!(walks(s), !masked, "{spec} {s}");
                         }
                         continue;
                     }
@@ -2743,7 +2751,8 @@ mod tests {
         }
         // d256 causal at block_n 64 (its short-keys tiles, which dense calls
         // take up to 2k keys): one tile per block up to 512, then the walk up
-        // to 2k on dense tensors; ragged batches take the main plan past 1024.
+        // to 2k on dense tensors; ragged batches take the main plan past 1024
+        // and one tile per block at every length.
         let d256c = AttnSpec::fwd(DType::Bf16, 256, Mask::CausalTopLeft, Layout::Dense, Arch::Sm90a);
         let walks = |spec: &AttnSpec, s| sm90a_walk_pays(s, spec, 256, 2, 64);
         assert!(!walks(&d256c, 512) && walks(&d256c, 513) && walks(&d256c, 2048) && !walks(&d256c, 2049));
@@ -2757,7 +2766,7 @@ mod tests {
             64
         );
         let d256t = AttnSpec::fwd(DType::Bf16, 256, Mask::CausalBottomRight, Layout::Thd, Arch::Sm90a);
-        assert!(walks(&d256t, 1024) && !walks(&d256t, 2048));
+        assert!(!walks(&d256t, 512) && !walks(&d256t, 1024) && !walks(&d256t, 2048));
         assert_eq!(Variant::for_keys(&d256t, 1024), Variant::ShortKeys);
         assert_eq!(Variant::for_keys(&d256t, 1025), Variant::Main);
         // Three consumers at block_n 80 at d128 without a mask and under a
