@@ -1555,22 +1555,23 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
     }
     reasons.push(if persistent {
         format!(
-            "two entries: one block per work tile, and a persistent walk that the launcher takes for keys \
-             {}: the resident blocks walk the tiles in a snake over rounds of the grid, loading the next tile's Q \
+            "two entries: one block per work tile, and a persistent walk that the launcher takes {}: the \
+             resident blocks walk the tiles in a snake over rounds of the grid, loading the next tile's Q \
              under {}",
             if spec.layout == Layout::Thd && spec.mask == Mask::None && dmax > 128 {
                 format!(
-                    "of any length (a ragged batch past d128 without a mask, where the walk takes its sequences longest \
+                    "for keys of any length (a ragged batch past d128 without a mask, where the walk takes its sequences longest \
                      keys first: at most {RAGGED_ORDER_MAX_BATCH} sequences, at most {SM90A_WALK_ORDER_ROUNDS} \
                      tiles per block; measured +1.8..20.9% over one tile per block)"
                 )
             } else if spec.layout == Layout::Thd && dmax > 128 {
-                "by its rule at no length (a ragged batch past d128 under a mask takes one tile per block: the walk \
-                 measured 11..21% behind it, on the short-keys tiles too), only where asked for"
+                "only where a caller asks for it (`set_persistent_grid`; a ragged batch past d128 under a mask takes \
+                 one tile per block at every length: the walk measured 11..21% behind it, on the short-keys tiles \
+                 too)"
                     .to_string()
             } else if spec.mask != Mask::None && dmax > 128 {
                 format!(
-                    "up to {} from {} (under a mask past d128 one tile per block up to \
+                    "for keys up to {} from {} (under a mask past d128 one tile per block up to \
                      {SM90A_ONE_TILE_MASKED_MAX_KEYS}: measured +15% at d256 causal, seqlen 512)",
                     if sm90a_walks_to_2k(spec, dmax, consumers, block_n) {
                         2 * SM90A_WALK_MAX_KEYS
@@ -1581,12 +1582,12 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
                 )
             } else if sm90a_walks_to_2k(spec, dmax, consumers, block_n) {
                 format!(
-                    "up to {} (three consumers up to d128, under a mask at d <= 64, dense without one past d128, or at \
+                    "for keys up to {} (three consumers up to d128, under a mask at d <= 64, dense without one past d128, or at \
                      block_n 64)",
                     2 * SM90A_WALK_MAX_KEYS
                 )
             } else {
-                format!("up to {SM90A_WALK_MAX_KEYS}")
+                format!("for keys up to {SM90A_WALK_MAX_KEYS}")
             },
             if q_regs {
                 "this tile's key loop (Q in registers)"
