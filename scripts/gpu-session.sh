@@ -5,12 +5,13 @@
 # a subset, the same-run benchmark and the sm90a forward tile variants. Prints
 # one summary line per step; logs and reports go to $OUT (or ./gpu-results).
 #   usage: scripts/gpu-session.sh [steps...]   (default: bwd fwd py memcheck bench)
-#          steps: bwd fwd py memcheck bench inter tune tune90 trace90 trace80b trace80f phases ragged ncu80f ncu90 ab
+#          steps: bwd fwd py memcheck bench inter tune tune90 trace90 trace80b trace80f phases ragged raggedab ncu80f ncu90 ab
 #          (inter: the forward against the peers in interleaved rounds, one process; INTER_ARGS)
 #          (tune: the sm80 forward's tile shapes, `gpu_bench --tune`)
 # Limits (seconds) can be set by env: LIMIT_BWD LIMIT_FWD LIMIT_PY LIMIT_MEMCHECK
 # LIMIT_BENCH LIMIT_INTER LIMIT_TUNE LIMIT_TUNE90 LIMIT_TRACE90 LIMIT_TRACE80B LIMIT_TRACE80F LIMIT_PHASES LIMIT_RAGGED LIMIT_NCU80F LIMIT_NCU90 LIMIT_AB; ATTNFORGE_SANITIZE_CASES picks the memcheck subset.
 # AB_DIRS: the comma-separated cubin dirs of step ab (default .gpu/ab; scripts/ab-cubins.sh REV DIR).
+# RAGGED_AB_DIR: the other revision's binaries of step raggedab (default .gpu/b; scripts/bundle-rev.sh REV DIR).
 # Measured on the H200 (2026-12-03): bwd 45 s, fwd 225 s, py 70 s, memcheck
 # 12 s, bench 146 s (before the wgmma backward options got their columns:
 # ~185 s on an H100 in session 31, and ~75 s + ~120 s more since session 32
@@ -108,6 +109,28 @@ for step in "${steps[@]}"; do
     phases) run phases "${LIMIT_PHASES:-150}" .gpu/gpu_bench --phases; grep '^phases' "$out/phases.log" | head -n 300 ;;
     # Ragged batches in batch order against longest keys first (one-tile entry; common/order.cuh).
     ragged) run ragged "${LIMIT_RAGGED:-120}" .gpu/gpu_bench --ragged-order; grep '^ragged ' "$out/ragged.log" | head -n 40 ;;
+    # The ragged order's figures of this tree's binaries (A, .gpu) against another
+    # revision's (B, RAGGED_AB_DIR, default .gpu/b, from scripts/bundle-rev.sh),
+    # A B A B ... (RAGGED_AB_PAIRS, default 1; ATTNFORGE_RAGGED_DRAWS picks the
+    # draws), then B's gpu_fwd and memcheck on the ragged cases.
+    raggedab)
+      bdir=${RAGGED_AB_DIR:-.gpu/b}
+      if [ -x "$bdir/gpu_bench" ] && [ -x "$bdir/gpu_fwd" ]; then
+        for i in $(seq "${RAGGED_AB_PAIRS:-1}"); do
+          run "ragged-a-$i" "${LIMIT_RAGGED:-120}" .gpu/gpu_bench --ragged-order
+          run "ragged-b-$i" "${LIMIT_RAGGED:-120}" "$bdir/gpu_bench" --ragged-order
+        done
+        run gpu_fwd-b-thd "${LIMIT_FWD:-360}" env ATTNFORGE_GPU_CASES=thd "$bdir/gpu_fwd"; counts "$out/gpu_fwd-b-thd.log"
+        if command -v compute-sanitizer >/dev/null; then
+          mkdir -p "$out/memcheck-b"
+          run memcheck-b-thd "${LIMIT_MEMCHECK:-90}" env ATTNFORGE_REPORT_DIR="$out/memcheck-b" ATTNFORGE_GPU_CASES=thd \
+            compute-sanitizer --tool memcheck --error-exitcode 9 "$bdir/gpu_fwd"
+          grep -h "ERROR SUMMARY" "$out/memcheck-b-thd.log"; counts "$out/memcheck-b-thd.log"
+        fi
+      else
+        echo "raggedab: skipped (no $bdir/gpu_bench and gpu_fwd: scripts/bundle-rev.sh REV $bdir)"
+        status=1
+      fi ;;
     # ncu beside FlashAttention-2: the sm80-path forward's stalls, memory and
     # instruction counts per cell (NCU80F_CELLS, default d128 at 2k and 8k).
     ncu80f) mkdir -p "$out/ncu80f"; run ncu80f "${LIMIT_NCU80F:-240}" env NCU_STALLS_KIND=fwd \
