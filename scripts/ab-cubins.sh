@@ -15,14 +15,9 @@ cd "$(dirname "$0")/.."
 rev=${1:?usage: scripts/ab-cubins.sh REV [DIR]}
 dir=$(realpath -m "${2:-.gpu/ab}")
 mkdir -p "$dir"
-wt=$(mktemp -d)/tree
-git worktree add -q --detach "$wt" "$rev"
-trap 'git worktree remove --force "$wt"' EXIT
-# A separate target dir: the CLI embeds its tree's templates. AB_TARGET_DIR
-# keeps one across runs (the dependencies are built once; never this tree's
-# own target/, whose CLI would be rebuilt from the other tree's sources).
-target=$(realpath -m "${AB_TARGET_DIR:-$wt/../target}")
-[ "$target" != "$(realpath -m target)" ] || { echo "ab-cubins: AB_TARGET_DIR must not be ./target" >&2; exit 2; }
+# The worktree and its own target dir (AB_TARGET_DIR keeps one across runs).
+. scripts/rev-worktree.sh
+rev_worktree ab-cubins "$rev" "${AB_TARGET_DIR:-}"
 (cd "$wt" && CARGO_TARGET_DIR="$target" cargo build -q --release -p attnforge-cli)
 cli="$target/release/attnforge"
 for spec in fwd.bf16.d64.none.dense.sm90a fwd.bf16.d64.causal-tl.dense.sm90a fwd.bf16.d128.none.dense.sm90a fwd.bf16.d128.causal-tl.dense.sm90a \

@@ -11,11 +11,8 @@ cd "$(dirname "$0")/.."
 rev=${1:?usage: scripts/bundle-rev.sh REV [DIR]}
 dir=$(realpath -m "${2:-.gpu/b}")
 mkdir -p "$dir"
-wt=$(mktemp -d)/tree
-git worktree add -q --detach "$wt" "$rev"
-trap 'git worktree remove --force "$wt"' EXIT
-target=$(realpath -m "${BUNDLE_TARGET_DIR:-$wt/../target}")
-[ "$target" != "$(realpath -m target)" ] || { echo "bundle-rev: BUNDLE_TARGET_DIR must not be ./target" >&2; exit 2; }
+. scripts/rev-worktree.sh
+rev_worktree bundle-rev "$rev" "${BUNDLE_TARGET_DIR:-}"
 exe() { # the test binary NAME of the worktree's build
   (cd "$wt" && CARGO_TARGET_DIR="$target" cargo test -q --release --test "$1" --no-run --message-format=json 2>/dev/null) \
     | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"]==sys.argv[1]]' "$1"
