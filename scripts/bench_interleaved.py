@@ -124,7 +124,7 @@ def use(name):
 
 
 def main():
-    started = datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC")
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     rows = []
     for d in DIMS:
         for s in SEQS:

@@ -236,7 +236,7 @@ def print_peers():
 def main():
     if "--peers-only" in sys.argv:
         return print_peers()
-    started = datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC")
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     ours_json = os.path.join(out, "ours.json")
     cmd = [os.path.join(os.path.dirname(__file__), "..", ".gpu", "gpu_bench"), ours_json] + (["--quick"] if quick else [])
     print("running", " ".join(cmd), flush=True)
