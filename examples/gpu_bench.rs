@@ -1856,8 +1856,9 @@ fn bench_ragged_lens(d: usize) -> Vec<usize> {
 /// first (on, `LoadedKernel::set_ragged_order`), and since session 46 the
 /// walk entry on the resident blocks in both orders beside it (the walk takes
 /// the same order from its shared-memory table), interleaved over three
-/// rounds (ATTNFORGE_RAGGED_ROUNDS; ATTNFORGE_RAGGED_DRAWS picks draws); the entry the launcher's rule takes is
-/// printed beside. Then the
+/// rounds (ATTNFORGE_RAGGED_ROUNDS; ATTNFORGE_RAGGED_DRAWS picks draws); the
+/// entry the launcher's rule takes is printed beside (since session 47 also for
+/// the short- or mid-keys variant a call of the draw takes). Then the
 /// sm80-path forward of the same specs (`plan::plan_sm80_path`) in both
 /// orders (since session 30). One `ragged ...` line and one `ragged-json
 /// {...}` line per cell.

@@ -1560,9 +1560,9 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
              under {}",
             if spec.layout == Layout::Thd && spec.mask == Mask::None && dmax > 128 {
                 format!(
-                    "for keys of any length (a ragged batch past d128 without a mask, where the walk takes its sequences longest \
-                     keys first: at most {RAGGED_ORDER_MAX_BATCH} sequences, at most {SM90A_WALK_ORDER_ROUNDS} \
-                     tiles per block; measured +1.8..20.9% over one tile per block)"
+                    "for keys of any length (a ragged batch past d128 without a mask, where the walk takes its \
+                     sequences longest keys first: at most {RAGGED_ORDER_MAX_BATCH} sequences, at most \
+                     {SM90A_WALK_ORDER_ROUNDS} tiles per block; measured +1.8..20.9% over one tile per block)"
                 )
             } else if spec.layout == Layout::Thd && dmax > 128 {
                 "only where a caller asks for it (`set_persistent_grid`; a ragged batch past d128 under a mask takes \
@@ -1582,8 +1582,8 @@ pub fn plan_fwd_sm90a_with(spec: &AttnSpec, tiles: Sm90aFwdTiles) -> KernelPlan 
                 )
             } else if sm90a_walks_to_2k(spec, dmax, consumers, block_n) {
                 format!(
-                    "for keys up to {} (three consumers up to d128, under a mask at d <= 64, dense without one past d128, or at \
-                     block_n 64)",
+                    "for keys up to {} (three consumers up to d128, under a mask at d <= 64, dense without one \
+                     past d128, or at block_n 64)",
                     2 * SM90A_WALK_MAX_KEYS
                 )
             } else {
