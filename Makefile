@@ -71,12 +71,7 @@ gpu-bundle: $(PY_STAMP)
 	$(PY) -m pip wheel --disable-pip-version-check --no-deps -q -w .gpu ./python
 	$(CARGO) build --release --example gpu_bench
 	cp target/release/examples/gpu_bench .gpu/gpu_bench
-	f=$$($(CARGO) test --release --test gpu_fwd --no-run --message-format=json 2>/dev/null \
-	   | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"]=="gpu_fwd"]'); \
-	cp "$$f" .gpu/gpu_fwd
-	f=$$($(CARGO) test --release --test gpu_bwd --no-run --message-format=json 2>/dev/null \
-	   | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"]=="gpu_bwd"]'); \
-	cp "$$f" .gpu/gpu_bwd
+	for t in gpu_fwd gpu_bwd; do f=$$(CARGO='$(CARGO)' scripts/test-exe.sh $$t) && cp "$$f" .gpu/$$t || exit 1; done
 	# Without their symbol tables (1.4 MB each of the device call's 64 MiB carry;
 	# a panic still names its file and line).
 	if command -v strip >/dev/null; then strip .gpu/gpu_bench .gpu/gpu_fwd .gpu/gpu_bwd; fi

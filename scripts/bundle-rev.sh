@@ -13,14 +13,12 @@ dir=$(realpath -m "${2:-.gpu/b}")
 mkdir -p "$dir"
 . scripts/rev-worktree.sh
 rev_worktree bundle-rev "$rev" "${BUNDLE_TARGET_DIR:-}"
-exe() { # the test binary NAME of the worktree's build
-  (cd "$wt" && CARGO_TARGET_DIR="$target" cargo test -q --release --test "$1" --no-run --message-format=json 2>/dev/null) \
-    | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"]==sys.argv[1]]' "$1"
-}
 (cd "$wt" && CARGO_TARGET_DIR="$target" cargo build -q --release --example gpu_bench)
 cp "$target/release/examples/gpu_bench" "$dir/gpu_bench"
+here=$PWD
 for t in gpu_fwd gpu_bwd; do
-  f=$(exe "$t"); [ -n "$f" ] || { echo "bundle-rev: no $t binary" >&2; exit 1; }
+  # (this tree's helper, run in the worktree: REV may predate it)
+  f=$(cd "$wt" && CARGO_TARGET_DIR="$target" "$here/scripts/test-exe.sh" "$t")
   cp "$f" "$dir/$t"
 done
 if command -v strip >/dev/null; then strip "$dir"/gpu_bench "$dir"/gpu_fwd "$dir"/gpu_bwd; fi
