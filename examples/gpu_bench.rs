@@ -1872,12 +1872,18 @@ fn ragged_order_ab(rng: &mut rand::rngs::StdRng) {
     let draws: Option<Vec<String>> = std::env::var("ATTNFORGE_RAGGED_DRAWS")
         .ok()
         .map(|v| v.split(',').map(|x| x.trim().to_string()).collect());
+    const DRAWS: [&str; 3] = ["seed11", "bench", "short"];
+    if let Some(bad) = draws.iter().flatten().find(|x| !DRAWS.contains(&x.as_str())) {
+        eprintln!("gpu_bench --ragged-order: ATTNFORGE_RAGGED_DRAWS names `{bad}`; the draws are {DRAWS:?}");
+        std::process::exit(2);
+    }
     launch::ensure_context(0).expect("context");
     let cc = launch::current_compute_capability().expect("cc");
     let arch = Arch::from_compute_capability(cc.0, cc.1).expect("supported GPU");
     let seed11 = ragged_lens(&mut rand::rngs::StdRng::seed_from_u64(11));
     // Short sequences (64..=1024 tokens, 16k in all): where the launcher's rule
-    // takes the walk on ragged batches (keys up to 1024, or 2048).
+    // walks ragged batches up to d128 (keys up to 1024, or 2048) and past d128
+    // without a mask (under one, since session 47, not).
     let short = {
         let mut r = rand::rngs::StdRng::seed_from_u64(46);
         let (mut lens, mut total) = (Vec::new(), 0);
