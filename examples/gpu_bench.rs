@@ -1847,11 +1847,24 @@ fn bench_ragged_lens(d: usize) -> Vec<usize> {
     }
 }
 
+/// Short sequences for `--ragged-order`: lengths drawn from 64..=1024 by the
+/// seeded generator until they hold 16384 tokens (the last one cut to fit).
+fn short_ragged_lens(seed: u64) -> Vec<usize> {
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let (mut lens, mut total) = (Vec::new(), 0);
+    while total < 16384 {
+        let l = r.gen_range(64..=1024usize).min(16384 - total);
+        lens.push(l);
+        total += l;
+    }
+    lens
+}
+
 /// Ragged batches longest keys first (`--ragged-order`, session step
 /// `ragged`): the planner's THD forward at d128 and d256, without a mask and
-/// causal (bottom-right), on the bench's ragged problem with three draws of
+/// causal (bottom-right), on the bench's ragged problem with four draws of
 /// lengths (the `--ab` cells' seed-11 draw, the default sweep's and, since
-/// session 46, short sequences of 64..=1024 tokens), the
+/// sessions 46 and 48, two of short sequences of 64..=1024 tokens), the
 /// one-tile entry with the sequences in batch order (off) and longest keys
 /// first (on, `LoadedKernel::set_ragged_order`), and since session 46 the
 /// walk entry on the resident blocks in both orders beside it (the walk takes
@@ -1868,11 +1881,11 @@ fn ragged_order_ab(rng: &mut rand::rngs::StdRng) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
-    // The draws timed (ATTNFORGE_RAGGED_DRAWS, comma-separated; default all three).
+    // The draws timed (ATTNFORGE_RAGGED_DRAWS, comma-separated; default all four).
     let draws: Option<Vec<String>> = std::env::var("ATTNFORGE_RAGGED_DRAWS")
         .ok()
         .map(|v| v.split(',').map(|x| x.trim().to_string()).collect());
-    const DRAWS: [&str; 3] = ["seed11", "bench", "short"];
+    const DRAWS: [&str; 4] = ["seed11", "bench", "short", "short-b"];
     if let Some(bad) = draws.iter().flatten().find(|x| !DRAWS.contains(&x.as_str())) {
         eprintln!("gpu_bench --ragged-order: ATTNFORGE_RAGGED_DRAWS names `{bad}`; the draws are {DRAWS:?}");
         std::process::exit(2);
@@ -1883,23 +1896,17 @@ fn ragged_order_ab(rng: &mut rand::rngs::StdRng) {
     let seed11 = ragged_lens(&mut rand::rngs::StdRng::seed_from_u64(11));
     // Short sequences (64..=1024 tokens, 16k in all): where the launcher's rule
     // walks ragged batches up to d128 (keys up to 1024, or 2048) and past d128
-    // without a mask (under one, since session 47, not).
-    let short = {
-        let mut r = rand::rngs::StdRng::seed_from_u64(46);
-        let (mut lens, mut total) = (Vec::new(), 0);
-        while total < 16384 {
-            let l = r.gen_range(64..=1024usize).min(16384 - total);
-            lens.push(l);
-            total += l;
-        }
-        lens
-    };
+    // without a mask (under one, since session 47, not). A second draw of the
+    // same kind (`short-b`, seed 48; session 48) for rules read off the first.
+    let short = short_ragged_lens(46);
+    let short_b = short_ragged_lens(48);
     for d in [128usize, 256] {
         let h = 2048 / d;
         for (draw, lens) in [
             ("seed11", seed11.clone()),
             ("bench", bench_ragged_lens(d)),
             ("short", short.clone()),
+            ("short-b", short_b.clone()),
         ]
         .into_iter()
         .filter(|(draw, _)| draws.as_ref().is_none_or(|v| v.iter().any(|x| x == draw)))
