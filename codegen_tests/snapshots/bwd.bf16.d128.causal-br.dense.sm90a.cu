@@ -681,7 +681,8 @@ __device__ __forceinline__ PhaseTile phase_tile(long long lin, int tiles, int ph
 // maps block `lin` to tile_at's tile number in another order: the sequences by
 // key length, longest first (ties: the lower batch index first), each
 // head-major as in tile_at (head h's real query blocks, the last one first),
-// and -1 (no tile) for the blocks past the last real tile. Sequence b has
+// and -1 (no tile) for the blocks past the last real tile (found first, from
+// the warp's sum of the real tiles, before the pass). Sequence b has
 // nqb = min(ceil(sq_b / block_m), m) real query blocks; its tile (h, ql),
 // ql < nqb, is tile_at's (b * heads + h) * m + (m - nqb + ql).
 // Warp-collective (all 32 lanes, batch <= 64): lane i holds sequences i and
@@ -712,6 +713,12 @@ __device__ __forceinline__ int ragged_order(const int* cu_q, const int* cu_k, in
         tiles[i] = nqb[i] * heads;
         ahead[i] = 0;
     }
+    // Blocks past the last real tile (a one-tile grid over many short
+    // sequences has many) leave before the pass over the sequences.
+    // (__reduce_add_sync's sum is warp-uniform to the compiler, so the exit
+    // keeps the warp converged; a shuffle-tree sum made the compiler wrap every
+    // later shuffle of the kernel for a divergent warp: -10% at d128.)
+    if (lin >= __reduce_add_sync(all, tiles[0] + tiles[1])) return -1;
     // Sequence j goes ahead of sequence b (j != b) when its keys are longer,
     // or as long with j < b.
 #pragma unroll 4
