@@ -881,10 +881,15 @@ fn hands_short_keys_on(short: &Sm90aFwdTiles) -> bool {
 ///   7 rounds (docs/benchmarks/2026-12-07-s41-gpu.md call I): 384.4 vs 379.5
 ///   at 512 on the walk (ahead in every round), 476.3 vs 480.8 at 2k and
 ///   542.3 vs 542.1 at 8k one tile per block;
-/// - d 80..128 without a mask or softcap: two consumers at block_n 128
+/// - dense d 80..128 without a mask or softcap: two consumers at block_n 128
 ///   where the main plan has three at block_n 80 (tune90 on the walk, H100,
 ///   session 40: 498.3 vs 435.1 at 512; against the main plan's block_n 176
 ///   of before session 41: 487.7 vs 470.7 at 512, 556.1 vs 537.1 at 1024).
+///   Not ragged: a batch of short sequences ends each one anywhere in a key
+///   tile, where block_n 128 pads half a tile (64 keys) on average against
+///   block_n 80's 40; on 33 sequences of 91..975 tokens the main plan walked
+///   460.3 against 435.7 (H100, session 48, two pairs, and 458.2 vs 434.5 in
+///   session 47; docs/benchmarks/2026-12-08-s48-gpu.md).
 pub fn short_keys_tiles_why(spec: &AttnSpec) -> Option<(Sm90aFwdTiles, &'static str)> {
     if spec.direction != Direction::Fwd || spec.arch != Arch::Sm90a || spec.validate().is_err() {
         return None;
@@ -938,12 +943,18 @@ pub fn short_keys_tiles_why(spec: &AttnSpec) -> Option<(Sm90aFwdTiles, &'static 
             short(2, 64),
             "measured +1.4% at seqlen 512, +5.6% at 1024 and, on dense tensors, +5.0% at 2048 on the walk",
         ))
-    } else if spec.mask == Mask::None && dmax > 64 && dmax <= 128 && !spec.softcap && main.consumers >= 3 {
+    } else if spec.mask == Mask::None
+        && dmax > 64
+        && dmax <= 128
+        && !spec.softcap
+        && spec.layout == Layout::Dense
+        && main.consumers >= 3
+    {
         Some((
             short(2, 128),
             "two consumers at block_n 128 where the main plan has three at block_n 80: 128-row query blocks load \
              each K/V byte for fewer rows but fill 512 keys in 4 whole tiles; measured 498.3 vs 435.1 TFLOP/s at \
-             seqlen 512 on the walk (H100, session 40)",
+             seqlen 512 on the walk (H100, session 40); dense only (ragged lengths end anywhere in a key tile)",
         ))
     } else {
         None
@@ -2086,13 +2097,16 @@ mod tests {
             assert!(
                 sm90a_walk_pays(MID_KEYS_MAX, &spec, d, 3, 80) && !sm90a_walk_pays(MID_KEYS_MAX + 1, &spec, d, 3, 80)
             );
-            // Ragged the same.
-            let thd = plan(&AttnSpec {
+            // Ragged the same main plan, at every length (no short-keys
+            // variant: session 48).
+            let thd_spec = AttnSpec {
                 layout: Layout::Thd,
                 ..spec
-            })
-            .unwrap();
+            };
+            let thd = plan(&thd_spec).unwrap();
             assert_eq!((thd.block_m, thd.block_n, thd.stages), (192, 80, 3), "{spec}");
+            assert_eq!(Variant::for_keys(&thd_spec, 512), Variant::Main, "{thd_spec}");
+            assert_eq!(variants(&thd_spec).collect::<Vec<_>>(), [Variant::Main], "{thd_spec}");
         }
         // No mid-keys variant elsewhere either (but d <= 64 causal): under a
         // mask, ragged, softcap, d64 and d256, sm80, backward.
