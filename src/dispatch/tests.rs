@@ -546,6 +546,29 @@ fn generated_backward_runs_through_the_dispatcher_after_any_dense_forward() {
 }
 
 #[test]
+fn a_ragged_batch_picks_its_variant_by_its_longest_keys() {
+    use crate::plan::Variant;
+    // d 80..128 without a mask: the main plan at every length (session 48);
+    // d256 causal and d64 causal keep their short-keys tiles.
+    for (d, mask, max_k, want) in [
+        (128, Mask::None, 512, Variant::Main),
+        (96, Mask::None, 1024, Variant::Main),
+        (64, Mask::None, 512, Variant::Main),
+        (256, Mask::CausalBottomRight, 1024, Variant::ShortKeys),
+        (256, Mask::CausalBottomRight, 1025, Variant::Main),
+        (64, Mask::CausalBottomRight, 512, Variant::ShortKeys),
+    ] {
+        let p = Problem::thd(ElemType::Bf16, d, 8, 16, 16, (max_k, 4000), (max_k, 4000), SM90).with_mask(mask);
+        let spec = p.key().spec(Direction::Fwd).unwrap();
+        assert_eq!(
+            GeneratedBackend::global().fwd_variant(&thd_call(p), &spec),
+            want,
+            "{spec} max keys {max_k}"
+        );
+    }
+}
+
+#[test]
 fn the_keys_length_picks_the_short_or_mid_keys_variant_where_the_spec_has_one() {
     use crate::plan::Variant;
     for (d, mask, s, want) in [
