@@ -272,8 +272,13 @@ fn the_short_keys_variant_by_request() {
         s.contains("block_m=128 block_n=128") && s.contains("variant for short keys"),
         "{s}"
     );
-    // A spec without one, and a backward: clean errors that say so.
-    for other in ["fwd.bf16.d256.none.dense.sm90a", "bwd.bf16.d128.causal-tl.dense.sm90a"] {
+    // Specs without one (ragged d128 without a mask: session 48), and a
+    // backward: clean errors that say so.
+    for other in [
+        "fwd.bf16.d256.none.dense.sm90a",
+        "fwd.bf16.d128.none.thd.sm90a",
+        "bwd.bf16.d128.causal-tl.dense.sm90a",
+    ] {
         assert_clean_failure(
             &run(bin().args(["plan", other, "--path", "short-keys"])),
             "has no short-keys variant",
