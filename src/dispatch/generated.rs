@@ -397,14 +397,30 @@ impl Backend for GeneratedBackend {
         GENERATED_CAPS.check(key, direction)?;
         let spec = key.spec(direction)?;
         let plan = plan_or_main(&spec, variant).map_err(|e| e.reason)?;
+        let mut note = format!(
+            "template {}, block_m={} block_n={}",
+            plan.template.file(),
+            plan.block_m,
+            plan.block_n
+        );
+        // The key is length-free; a call takes the variant of its keys' length.
+        if variant == Variant::Main {
+            for v in crate::plan::variants(&spec).filter(|&v| v != Variant::Main) {
+                if let (Some(keys), Ok(Some(p))) = (v.keys(&spec), crate::plan::plan_variant(&spec, v)) {
+                    let range = match *keys.start() {
+                        0 | 1 => format!("up to {}", keys.end()),
+                        a => format!("{a}..={}", keys.end()),
+                    };
+                    note.push_str(&format!(
+                        "; calls of {range} keys: block_m={} block_n={}",
+                        p.block_m, p.block_n
+                    ));
+                }
+            }
+        }
         Ok(Support {
             spec: Some(spec),
-            note: Some(format!(
-                "template {}, block_m={} block_n={}",
-                plan.template.file(),
-                plan.block_m,
-                plan.block_n
-            )),
+            note: Some(note),
         })
     }
 

@@ -654,3 +654,52 @@ fn the_policy_s_sm80_path_moves_every_generated_kernel_to_the_sm80_templates() {
     assert!(rejected_reason(&dec.fwd, "generated").contains("`sm75`"));
     assert_ne!(dec.fwd.chosen().unwrap().name(), "generated");
 }
+
+#[test]
+fn the_generated_note_names_the_tiles_a_call_takes_by_its_keys() {
+    // The key holds no length, so the note gives the main plan's tiles and
+    // each variant's with the keys that take it.
+    let d = torch(Policy::auto());
+    let p = Problem::dense(ElemType::Bf16, 64, 2, 16, 16, 4096, 4096, SM90).with_mask(Mask::CausalTopLeft);
+    let dec = d.decide_problem(&p).unwrap();
+    let row = dec.fwd.ranked.iter().find(|r| r.backend == "generated").unwrap();
+    let note = row.support.as_ref().unwrap().note.clone().unwrap();
+    let spec = p.key().spec(Direction::Fwd).unwrap();
+    let main = crate::plan::plan(&spec).unwrap();
+    assert!(
+        note.starts_with(&format!(
+            "template fwd_sm90a.cu, block_m={} block_n={}",
+            main.block_m, main.block_n
+        )),
+        "{note}"
+    );
+    let short = crate::plan::plan_variant(&spec, crate::plan::Variant::ShortKeys)
+        .unwrap()
+        .unwrap();
+    let short_keys = crate::plan::Variant::ShortKeys.keys(&spec).unwrap();
+    assert!(
+        note.contains(&format!(
+            "calls of up to {} keys: block_m={} block_n={}",
+            short_keys.end(),
+            short.block_m,
+            short.block_n
+        )),
+        "{note}"
+    );
+    let mid_keys = crate::plan::Variant::MidKeys.keys(&spec).unwrap();
+    assert!(
+        note.contains(&format!("calls of {}..={} keys", mid_keys.start(), mid_keys.end())),
+        "{note}"
+    );
+    // Without a variant (d256 without a mask on dense tensors: none), the main tiles alone.
+    let p = Problem::dense(ElemType::Bf16, 256, 2, 8, 8, 4096, 4096, SM90);
+    let spec = p.key().spec(Direction::Fwd).unwrap();
+    let dec = d.decide_problem(&p).unwrap();
+    let row = dec.fwd.ranked.iter().find(|r| r.backend == "generated").unwrap();
+    let note = row.support.as_ref().unwrap().note.clone().unwrap();
+    assert_eq!(
+        note.contains("calls of"),
+        crate::plan::variants(&spec).count() > 1,
+        "{note}"
+    );
+}
