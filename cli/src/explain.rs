@@ -251,8 +251,17 @@ mod tests {
 
     #[test]
     fn decisions_through_the_flags() {
-        // Measured ranking: cuDNN first where it can; ours where only we can.
-        assert_eq!(decide("--requires-grad"), ("torch-cudnn".into(), "torch-cudnn".into()));
+        // Measured ranking: cuDNN first where it can (the forward from 2048
+        // keys on Hopper: ours); ours where only we can.
+        assert_eq!(
+            decide("--requires-grad --seqlen-q 1024"),
+            ("torch-cudnn".into(), "torch-cudnn".into())
+        );
+        assert_eq!(decide("--requires-grad"), ("generated".into(), "torch-cudnn".into()));
+        assert_eq!(
+            decide("--requires-grad --seqlen-q 4096 --seqlen-k 2047"),
+            ("torch-cudnn".into(), "torch-cudnn".into())
+        );
         assert_eq!(
             decide("--requires-grad --softcap 30"),
             ("generated".into(), "generated".into())

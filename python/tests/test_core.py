@@ -28,12 +28,13 @@ def test_backends_are_registered_in_order():
 
 
 def test_explain_prints_both_directions_without_a_gpu(capsys):
-    attnforge.explain(dtype="bf16", head_dim=128, causal=True, requires_grad=True, arch="sm90a")
+    attnforge.explain(dtype="bf16", head_dim=128, causal=True, requires_grad=True, arch="sm90a", seqlen_q=1024)
     text = capsys.readouterr().out
     for want in [
         "available generated, torch-flash, torch-cudnn",
         "policy    fwd=auto bwd=auto",
-        # The measured ranking: cuDNN first where it can run the problem.
+        # The measured ranking: cuDNN first where it can run the problem
+        # (below LONG_KEYS on Hopper).
         "forward   -> torch-cudnn",
         "backward  -> torch-cudnn",
         # On Hopper the wgmma forward and (d <= 128) the wgmma backward rank
@@ -44,6 +45,11 @@ def test_explain_prints_both_directions_without_a_gpu(capsys):
         "context   LSE dense [B, H, Sq], consumed as is",
     ]:
         assert want in text, text
+    # From LONG_KEYS keys on Hopper our forward ranks first; cuDNN keeps the backward.
+    attnforge.explain(dtype="bf16", head_dim=128, causal=True, requires_grad=True, arch="sm90a", seqlen_q=4096)
+    text = capsys.readouterr().out
+    assert "forward   -> generated  spec fwd.bf16.d128.causal-tl.dense.sm90a" in text, text
+    assert "backward  -> torch-cudnn" in text, text
     # Softcap: only ours, with the specs it runs.
     attnforge.explain(dtype="bf16", head_dim=128, causal=True, softcap=30.0, requires_grad=True, arch="sm90a")
     text = capsys.readouterr().out
@@ -101,8 +107,9 @@ def test_policy_per_direction():
     assert (fwd, bwd) == ("torch-cudnn", "generated")
     text = attnforge.explanation(head_dim=128, requires_grad=True)
     assert "rejected: not in policy" in text, text
+    # Unnamed directions go back to the ranking (cuDNN first for the forward below LONG_KEYS).
     attnforge.set_policy(bwd="torch-flash,torch-cudnn")
-    assert attnforge.decide(head_dim=128, requires_grad=True)[:2] == ("torch-cudnn", "torch-flash")
+    assert attnforge.decide(head_dim=128, seqlen_q=1024, requires_grad=True)[:2] == ("torch-cudnn", "torch-flash")
     with pytest.raises(ValueError, match="unknown backend `flash3`"):
         attnforge.set_policy(fwd="flash3")
     attnforge.set_policy()

@@ -364,7 +364,7 @@ def test_route_is_constant_under_compile_with_fake_cuda(monkeypatch):
 
 def test_long_keys_route_the_forward_to_ours_on_hopper(monkeypatch):
     """Keys >= LONG_KEYS on Hopper: ours first for the forward (measured
-    >= 1.00x cuDNN at every cell from 8k keys), cuDNN still first for the
+    >= 1.02x cuDNN at every cell from 2k keys), cuDNN still first for the
     backward; shorter keys keep cuDNN first; other generations unchanged."""
     monkeypatch.setattr(at, "_cc", lambda i: (9, 0))
     monkeypatch.setattr(at, "_device_index", lambda t: 0)

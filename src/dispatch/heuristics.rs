@@ -33,11 +33,15 @@ use super::problem::ProblemKey;
 /// so) problem, fastest first as measured on the H200 (bf16, same-run
 /// `make gpu-bench`, docs/benchmarks/2026-12-03-s6-bench.md): cuDNN ahead of
 /// FlashAttention-2 in both directions. On Hopper our forward is the
-/// wgmma/TMA kernel, 1.2-2.3x the FA2 forward; against cuDNN's, with both
-/// timed alike (docs/benchmarks/2026-12-04-s10-bench.md), 1.00-1.19x at
-/// every cell from 8k keys, 0.95-1.10x at 2k and 0.77-0.84x at 512: it ranks
-/// first for long keys ([`ProblemKey::long_keys`], the key's one size class)
-/// and between cuDNN and FA2 otherwise; elsewhere the forward is the sm80
+/// wgmma/TMA kernel, 1.5-2.8x the FA2 forward; against cuDNN's, timed in
+/// interleaved rounds in one process, 1.02-1.19x at every 2k cell (d64, d128,
+/// d256, causal and not) and 1.11-1.31x from 8k on an H100
+/// (docs/benchmarks/2026-12-07-s47-interleaved.md), 1.03-1.13x at 2k on the
+/// H200 (docs/benchmarks/2026-12-06-s37-interleaved.md), 0.96-1.02x at 512
+/// keys; ragged batches 1.08-1.18x against cuDNN's ragged graph
+/// (docs/benchmarks/2026-12-07-s47-bench.md): it ranks first for long keys
+/// (>= 2048, [`ProblemKey::long_keys`], the key's one size class; 8192 until
+/// session 49, from session 10's figures) and between cuDNN and FA2 otherwise; elsewhere the forward is the sm80
 /// path (0.8-1.06x FA2) and ranks last. Our fast-mode backward ranks between
 /// cuDNN and FA2 on Hopper (H100, docs/benchmarks/2026-12-06-s31-bench.md,
 /// with the tiled dQ accumulator): the wgmma backward 1.04-1.40x FA2 at d64/d128
