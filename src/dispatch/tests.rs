@@ -36,6 +36,12 @@ fn order(dd: &DirDecision) -> Vec<&'static str> {
     dd.ranked.iter().map(|r| r.backend).collect()
 }
 
+/// The note the generated backend gave in a direction's ranking.
+fn generated_note(dd: &DirDecision) -> String {
+    let row = dd.ranked.iter().find(|r| r.backend == "generated").unwrap();
+    row.support.as_ref().unwrap().note.clone().unwrap()
+}
+
 #[test]
 fn default_ranking_follows_measured_speed() {
     // On a plain problem every backend is eligible; the measured order
@@ -611,8 +617,7 @@ fn the_policy_s_sm80_path_moves_every_generated_kernel_to_the_sm80_templates() {
             .with_grad();
         let dec = d.decide_problem(&p).unwrap();
         for (side, template) in [(&dec.fwd, "fwd_sm80.cu"), (&dec.bwd, "bwd_sm80.cu")] {
-            let row = side.ranked.iter().find(|r| r.backend == "generated").unwrap();
-            let note = row.support.as_ref().unwrap().note.clone().unwrap();
+            let note = generated_note(side);
             assert!(note.contains(template), "{note}");
         }
         let spec = p.key().spec(Direction::Fwd).unwrap();
@@ -639,15 +644,7 @@ fn the_policy_s_sm80_path_moves_every_generated_kernel_to_the_sm80_templates() {
     // Back to the planner: the wgmma templates again, decided afresh.
     d.set_policy(Policy::auto());
     let dec = d.decide_problem(&dense(128)).unwrap();
-    let row = dec.fwd.ranked.iter().find(|r| r.backend == "generated").unwrap();
-    assert!(row
-        .support
-        .as_ref()
-        .unwrap()
-        .note
-        .as_ref()
-        .unwrap()
-        .contains("fwd_sm90a.cu"));
+    assert!(generated_note(&dec.fwd).contains("fwd_sm90a.cu"));
     // A value that names no path: the generated backend declines, and says why.
     d.set_policy(Policy::auto().with_generated_path(GeneratedPath::parse("sm75")));
     let dec = d.decide_problem(&dense(128)).unwrap();
@@ -662,8 +659,7 @@ fn the_generated_note_names_the_tiles_a_call_takes_by_its_keys() {
     let d = torch(Policy::auto());
     let p = Problem::dense(ElemType::Bf16, 64, 2, 16, 16, 4096, 4096, SM90).with_mask(Mask::CausalTopLeft);
     let dec = d.decide_problem(&p).unwrap();
-    let row = dec.fwd.ranked.iter().find(|r| r.backend == "generated").unwrap();
-    let note = row.support.as_ref().unwrap().note.clone().unwrap();
+    let note = generated_note(&dec.fwd);
     let spec = p.key().spec(Direction::Fwd).unwrap();
     let main = crate::plan::plan(&spec).unwrap();
     assert!(
@@ -695,8 +691,7 @@ fn the_generated_note_names_the_tiles_a_call_takes_by_its_keys() {
     let p = Problem::dense(ElemType::Bf16, 256, 2, 8, 8, 4096, 4096, SM90);
     let spec = p.key().spec(Direction::Fwd).unwrap();
     let dec = d.decide_problem(&p).unwrap();
-    let row = dec.fwd.ranked.iter().find(|r| r.backend == "generated").unwrap();
-    let note = row.support.as_ref().unwrap().note.clone().unwrap();
+    let note = generated_note(&dec.fwd);
     assert_eq!(
         note.contains("calls of"),
         crate::plan::variants(&spec).count() > 1,
